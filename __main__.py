@@ -1,0 +1,5 @@
+"""Pulumi entry point: everything lives in proxyinfra.program."""
+
+from proxyinfra.program import main
+
+main()

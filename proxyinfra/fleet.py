@@ -1,0 +1,82 @@
+"""The fleet: one ``Proxy`` component per replica, dispatched to its backend."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+
+from proxyinfra.backend import Backend, Credentials, Endpoint, ProxyRequest
+from proxyinfra.credentials import ProxyCredentials
+from proxyinfra.names import proxy_id
+from proxyinfra.validation import Replica, StackConfig
+
+PROXY_TYPE = "egress-proxies:fleet:Proxy"
+
+
+class Proxy(pulumi.ComponentResource):
+    """One proxy of the fleet, whatever its backend; its children are the
+    backend's resources. ``entry`` is its manifest entry (an Output)."""
+
+    entry: pulumi.Output[dict[str, Any]]
+
+    def __init__(
+        self,
+        replica: Replica,
+        backend: Backend,
+        config: StackConfig,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__(PROXY_TYPE, replica.name, None, opts)
+        project, stack = pulumi.get_project(), pulumi.get_stack()
+        self.proxy_id = proxy_id(project, stack, replica.name)
+        credentials = None
+        if backend.provisions and config.squid.auth is not None:
+            made = ProxyCredentials(
+                f"{replica.name}-credentials",
+                config.squid.auth.username,
+                pulumi.ResourceOptions(parent=self),
+            )
+            credentials = Credentials(
+                username=config.squid.auth.username,
+                password=made.password,
+                password_hash=made.password_hash,
+            )
+        request = ProxyRequest(
+            project=project,
+            stack=stack,
+            id=self.proxy_id,
+            replica=replica,
+            squid=config.squid,
+            credentials=credentials,
+        )
+        endpoint = backend.deploy(request, self)
+        self.entry = pulumi.Output.from_input(_manifest_entry(request, endpoint))
+        self.register_outputs({"id": self.proxy_id, "entry": self.entry})
+
+
+def _manifest_entry(request: ProxyRequest, endpoint: Endpoint) -> dict[str, Any]:
+    replica = request.replica
+    entry: dict[str, Any] = {
+        "name": replica.name,
+        "id": request.id,
+        "provider": replica.provider.name,
+        "type": replica.provider.type,
+        "zone": endpoint.zone,
+        "host": endpoint.host,
+        "port": endpoint.port,
+        "labels": dict(replica.entry.labels),
+    }
+    if endpoint.username is not None and endpoint.password is not None:
+        entry["auth"] = {"username": endpoint.username, "password": endpoint.password}
+    return entry
+
+
+def build_fleet(config: StackConfig, backends: Mapping[str, Backend]) -> pulumi.Output[Any]:
+    """Register every proxy and return the manifest (stack output ``fleet``)."""
+    proxies = [Proxy(r, backends[r.provider.type], config) for r in config.replicas()]
+    header = {"version": 1, "project": pulumi.get_project(), "stack": pulumi.get_stack()}
+    return pulumi.Output.all(*[p.entry for p in proxies]).apply(
+        lambda entries: {**header, "proxies": list(entries)}
+    )

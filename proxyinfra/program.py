@@ -1,0 +1,68 @@
+"""The stack program: read and validate config, build the fleet, export it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+
+from providers.external import ExternalBackend
+from proxyinfra.backend import Backend
+from proxyinfra.fleet import build_fleet
+from proxyinfra.validation import ConfigError, ConfigIssue, StackConfig, validate
+
+NAMESPACE = "egress-proxies"
+
+
+def raw_config() -> dict[str, Any]:
+    """Every ``egress-proxies:*`` key the engine passed, without the namespace.
+
+    Read from the runtime's whole config rather than key by key, so a typo
+    such as ``egress-proxies:proxy`` is reported instead of silently ignored.
+    """
+    merged: dict[str, Any] = dict(runtime_config.get_config_env())
+    merged.update(runtime_config.CONFIG.get())
+    raw: dict[str, Any] = {}
+    for key, value in merged.items():
+        namespace, _, name = key.partition(":")
+        if namespace == NAMESPACE and name:
+            raw[name] = _decode(key, value)
+    return raw
+
+
+def _decode(key: str, value: Any) -> Any:
+    # Structured config reaches the program as JSON text.
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise ConfigError([ConfigIssue(key, "not valid JSON from the engine")]) from None
+
+
+def backends() -> Mapping[str, Backend]:
+    return {"external": ExternalBackend()}
+
+
+def load(base_dir: Path | None = None) -> StackConfig:
+    config = validate(raw_config(), base_dir or Path.cwd())
+    missing = sorted({r.provider.type for r in config.replicas()} - set(backends()))
+    if missing:
+        raise ConfigError(
+            [ConfigIssue("providers", f"backend not available yet: {', '.join(missing)}")]
+        )
+    for warning in config.warnings:
+        pulumi.log.warn(warning)
+    return config
+
+
+def main() -> dict[str, Any]:
+    config = load()
+    outputs = {"fleet": build_fleet(config, backends())}
+    for name, value in outputs.items():
+        pulumi.export(name, value)
+    return outputs
