@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from proxyinfra.config import (
+    NAME_PATTERN,
     PROVIDER_TYPES,
     ExternalProviderEntry,
     GcpProviderEntry,
@@ -34,6 +35,9 @@ from proxyinfra.config import (
 )
 
 TOP_LEVEL_KEYS = ("providers", "proxies", "squid")
+PATTERN_WORDS = {
+    NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
+}
 _VALUE_SHOWN = 60
 
 
@@ -156,6 +160,9 @@ def _pydantic_issues(
             issues.append(ConfigIssue(path, f"unknown key (allowed: {', '.join(allowed)}){hint}"))
         elif e["type"] == "missing":
             issues.append(ConfigIssue(path, "required"))
+        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_WORDS:
+            words = PATTERN_WORDS[e["ctx"]["pattern"]]
+            issues.append(ConfigIssue(path, f"{words} (got {_show(e['input'])})"))
         else:
             msg = str(e["msg"]).removeprefix("Value error, ")
             issues.append(ConfigIssue(path, f"{msg} (got {_show(e['input'])})"))

@@ -1,0 +1,1 @@
+"""The kvm backend: libvirt hosts reached over SSH only."""

@@ -1,0 +1,58 @@
+"""How to reach one libvirt host: a small picklable value built from config.
+
+Dynamic providers are pickled into state, so they hold this and never an open
+connection (see providers.kvm.connection for the per-process pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxyinfra.config import KvmHost, KvmProviderEntry
+from proxyinfra.validation import resolve_path
+
+
+@dataclass(frozen=True)
+class HostAccess:
+    provider: str
+    host: str
+    address: str
+    port: int
+    user: str
+    key_file: str
+    known_hosts_file: str | None
+    insecure_ignore_host_key: bool
+    socket: str
+    pool: str
+    bridge: str | None
+    network: str | None
+
+    @property
+    def where(self) -> str:
+        """How errors and log lines name the host."""
+        return f"host {self.host!r} ({self.user}@{self.address}:{self.port}, provider {self.provider!r})"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH's known_hosts uses for this address and port."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    @classmethod
+    def of(cls, provider: KvmProviderEntry, host: KvmHost, base_dir: Path) -> HostAccess:
+        kvm = provider.kvm
+        known = kvm.known_hosts_file
+        return cls(
+            provider=provider.name,
+            host=host.name,
+            address=host.address,
+            port=host.port,
+            user=host.user,
+            key_file=str(resolve_path(kvm.ssh_key_file, base_dir)),
+            known_hosts_file=str(resolve_path(known, base_dir)) if known else None,
+            insecure_ignore_host_key=kvm.insecure_ignore_host_key,
+            socket=host.socket,
+            pool=host.pool,
+            bridge=host.bridge,
+            network=host.network,
+        )

@@ -1,0 +1,163 @@
+"""One SSH + libvirt connection per host per process, shared by every
+resource and thread, opened lazily, re-opened when dropped, closed at exit.
+
+Providers are pickled into Pulumi state, so they hold a :class:`HostAccess`
+and ask :func:`connect` for the live connection inside each method.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import logging
+import threading
+import time
+from typing import Any
+
+import libvirt
+import paramiko
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from providers.kvm.access import HostAccess
+from providers.kvm.bridge import SocketBridge
+from providers.kvm.errors import HostUnreachable, LibvirtSocketError, LibvirtUnavailable
+from providers.kvm.ssh import SshSession
+from providers.kvm.trace import Traced, error_label, wrap
+
+log = logging.getLogger("kvm")
+ATTEMPTS = 3
+
+# libvirt prints every error it raises to stderr unless told otherwise.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+class HostConnection:
+    def __init__(self, access: HostAccess) -> None:
+        self.access = access
+        self._lock = threading.RLock()
+        self._ssh: SshSession | None = None
+        self._bridge: SocketBridge | None = None
+        self._conn: libvirt.virConnect | None = None
+        self.opened = 0  # connections made so far (reconnects show here)
+
+    @property
+    def context(self) -> str:
+        return f"provider={self.access.provider} host={self.access.host}"
+
+    def libvirt(self) -> Any:
+        """The live libvirt connection (traced), re-opened if it dropped."""
+        with self._lock:
+            reason = self._dead_reason()
+            if reason is None:
+                return wrap(self._conn, self.context)
+            if self._conn is not None or self._ssh is not None:
+                log.info("%s connection dropped (%s); reconnecting", self.context, reason)
+                self._teardown()
+            for attempt in Retrying(
+                stop=stop_after_attempt(ATTEMPTS),
+                wait=wait_exponential(multiplier=0.5, max=4),
+                retry=retry_if_exception_type((HostUnreachable, LibvirtUnavailable)),
+                reraise=True,
+            ):
+                with attempt:
+                    self._open()
+            return wrap(self._conn, self.context)
+
+    def ssh(self) -> SshSession:
+        with self._lock:
+            if self._ssh is None or not self._ssh.active:
+                self.libvirt()
+            assert self._ssh is not None
+            return self._ssh
+
+    def _dead_reason(self) -> str | None:
+        if self._ssh is None or self._conn is None:
+            return "not connected"
+        if not self._ssh.active:
+            error = self._ssh.transport.get_exception()
+            return f"ssh session closed: {error}" if error else "ssh session closed"
+        try:
+            if not self._conn.isAlive():
+                return "libvirt connection closed"
+        except libvirt.libvirtError as error:
+            return f"libvirt: {error_label(error)}"
+        return None
+
+    def _open(self) -> None:
+        a = self.access
+        start = time.perf_counter()
+        ssh = SshSession(a)
+        try:
+            first = ssh.open_libvirt_channel()  # fails with a diagnosis, before libvirt tries
+            first.close()
+            bridge = SocketBridge(ssh.open_libvirt_channel, f"{a.provider}/{a.host}")
+        except (LibvirtSocketError, paramiko.SSHException, OSError):
+            ssh.close()
+            raise
+        try:
+            conn = libvirt.open(bridge.uri)
+        except libvirt.libvirtError as error:
+            bridge.close()
+            ssh.close()
+            log.debug("%s libvirt open failed %s", self.context, error_label(error))
+            raise LibvirtUnavailable(
+                a.where,
+                f"libvirt did not answer on {a.socket}: {error.get_error_message()}",
+                "check that libvirtd runs and is healthy on the host",
+            ) from None
+        self._ssh, self._bridge, self._conn = ssh, bridge, conn
+        self.opened += 1
+        log.debug(
+            "%s connected user=%s socket=%s (%.0f ms)",
+            self.context,
+            a.user,
+            a.socket,
+            (time.perf_counter() - start) * 1000,
+        )
+
+    def _teardown(self) -> None:
+        conn, bridge, ssh = self._conn, self._bridge, self._ssh
+        self._conn = self._bridge = self._ssh = None
+        # libvirt objects still referenced can hang interpreter exit in
+        # virDomain.__del__ once the forward is gone: collect them first.
+        gc.collect()
+        if conn is not None:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
+        if bridge is not None:
+            bridge.close()
+        if ssh is not None:
+            ssh.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                log.debug("%s closing", self.context)
+            self._teardown()
+
+
+_pool: dict[HostAccess, HostConnection] = {}
+_pool_lock = threading.Lock()
+
+
+def connect(access: HostAccess) -> HostConnection:
+    """The process-wide connection of a host (not yet opened: it is lazy)."""
+    with _pool_lock:
+        connection = _pool.get(access)
+        if connection is None:
+            connection = _pool[access] = HostConnection(access)
+        return connection
+
+
+def close_all() -> None:
+    with _pool_lock:
+        connections = list(_pool.values())
+        _pool.clear()
+    for connection in connections:
+        connection.close()
+
+
+atexit.register(close_all)
+
+__all__ = ["HostConnection", "Traced", "close_all", "connect"]

@@ -1,0 +1,40 @@
+"""Read ``Pulumi.<stack>.yaml`` directly, for the command-line tools that run
+outside the engine (``hosts check``, ``gc``) and for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxyinfra.validation import ConfigError, ConfigIssue, StackConfig, validate
+
+NAMESPACE = "egress-proxies"
+
+
+def stack_file(project_dir: Path, stack: str) -> Path:
+    return project_dir / f"Pulumi.{stack}.yaml"
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    """The ``egress-proxies:*`` keys of a stack file, without the namespace."""
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError([ConfigIssue(str(path), "stack file not found")]) from None
+    except yaml.YAMLError as error:
+        raise ConfigError([ConfigIssue(str(path), f"not valid YAML: {error}")]) from None
+    config = document.get("config") or {} if isinstance(document, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError([ConfigIssue(f"{path}:config", "must be a mapping")])
+    raw: dict[str, Any] = {}
+    for key, value in config.items():
+        namespace, _, name = str(key).partition(":")
+        if namespace == NAMESPACE and name:
+            raw[name] = value
+    return raw
+
+
+def load_stack(project_dir: Path, stack: str) -> StackConfig:
+    return validate(read_raw(stack_file(project_dir, stack)), project_dir)

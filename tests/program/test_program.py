@@ -1,0 +1,100 @@
+"""The stack program under mocks: config in, resources and `fleet` out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from proxyinfra.fleet import PROXY_TYPE
+from proxyinfra.manifest import Manifest, load_schema
+from proxyinfra.names import proxy_id
+from proxyinfra.stackfile import read_raw
+from tests.harness.program import run_program
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = "proxyinfra.program:main"
+
+
+def test_dev_stack_registers_its_proxies_and_exports_a_valid_manifest() -> None:
+    raw = read_raw(ROOT / "Pulumi.dev.yaml")
+    result = run_program(PROGRAM, raw, stack="dev")
+    result.raise_for_error()
+    proxies = result.resources_of_type(PROXY_TYPE)
+    assert [p.name for p in proxies] == [p["name"] for p in raw["proxies"]]
+    fleet = result.output("fleet")
+    jsonschema.validate(fleet, load_schema())
+    manifest = Manifest.model_validate(fleet)
+    assert (manifest.project, manifest.stack) == ("egress-proxies", "dev")
+    assert [p.id for p in manifest.proxies] == [
+        proxy_id("egress-proxies", "dev", p.name) for p in manifest.proxies
+    ]
+
+
+def external_config(**squid: Any) -> dict[str, Any]:
+    return {
+        "providers": [{"name": "corp", "type": "external"}],
+        "proxies": [
+            {"name": "corp-1", "provider": "corp", "url": "http://alice:s%40cret@10.0.0.5:3128"},
+            {
+                "name": "corp-2",
+                "provider": "corp",
+                "url": "http://10.0.0.6:8080",
+                "labels": {"site": "b"},
+            },
+        ],
+        "squid": squid,
+    }
+
+
+def test_external_proxies_in_the_manifest_with_secret_credentials() -> None:
+    result = run_program(PROGRAM, external_config(), stack="prod")
+    result.raise_for_error()
+    fleet = result.output("fleet")
+    jsonschema.validate(fleet, load_schema())
+    assert fleet["stack"] == "prod"
+    first, second = fleet["proxies"]
+    assert first == {
+        "name": "corp-1",
+        "id": proxy_id("egress-proxies", "prod", "corp-1"),
+        "provider": "corp",
+        "type": "external",
+        "zone": None,
+        "host": "10.0.0.5",
+        "port": 3128,
+        "labels": {},
+        "auth": {"username": "alice", "password": "s@cret"},
+    }
+    assert "auth" not in second and second["port"] == 8080 and second["labels"] == {"site": "b"}
+    # A password in the manifest makes the whole output a Pulumi secret.
+    assert result.is_secret("fleet")
+
+
+def test_manifest_without_credentials_is_not_secret() -> None:
+    config = external_config()
+    config["proxies"] = config["proxies"][1:]
+    result = run_program(PROGRAM, config)
+    result.raise_for_error()
+    assert not result.is_secret("fleet")
+
+
+def test_bad_config_fails_with_one_message_before_any_resource() -> None:
+    config = external_config()
+    config["proxies"][0]["replicas"] = 2
+    config["proxies"][1]["provider"] = "nowhere"
+    config["proxies"].append({"name": "Bad_Name", "provider": "corp", "url": "http://h:1"})
+    config["squid"] = {"port": 0}
+    config["unknown"] = 1
+    result = run_program(PROGRAM, config)
+    assert result.error is not None
+    assert result.error.message.splitlines() == [
+        "invalid stack config (5 errors):",
+        "  egress-proxies:unknown: unknown key (allowed: providers, proxies, squid)",
+        "  proxies[2].name: must be 1-40 lowercase letters, digits or '-', starting with a letter "
+        "(got 'Bad_Name')",
+        "  squid.port: Input should be greater than or equal to 1 (got 0)",
+        "  proxies[0].replicas: not allowed for an external proxy: one entry per URL",
+        "  proxies[1].provider: unknown provider 'nowhere' (providers: corp)",
+    ]
+    assert result.resources == []  # nothing registered

@@ -1,0 +1,222 @@
+"""Run a real squid on 127.0.0.1 with a config from proxyinfra.squid.
+
+    with start_squid(loopback_settings(), password=None) as proxy:
+        ... CONNECT through 127.0.0.1:proxy.port ...
+        proxy.stop(); proxy.start()      # same port again
+
+Why the work directory is not pytest's tmp_path: squid started as root drops
+to the unprivileged "proxy" user before it opens its logs, and pytest's
+temporary directories (/tmp/pytest-of-root, mode 0700) are closed to that
+user.  Each RunningSquid makes its own directory under the system temp dir,
+owned by that user, and removes it on close().
+
+Each instance also gets its own squid service name (-n): squid names its
+shared-memory segments (/dev/shm/<service>-cf__*.shm) after it, and two squids
+with the same name, or a crashed one's leftovers, make the next start fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+from proxyinfra.squid import SquidSettings, hash_password, password_file_line, render_squid_conf
+
+SQUID = shutil.which("squid") or "/usr/sbin/squid"
+# Debian's squid, started as root, switches to this (compiled-in) user.
+SQUID_USER = "proxy"
+_READY_MARK = b"Accepting HTTP Socket connections"
+_START_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def loopback_settings(**overrides: Any) -> SquidSettings:
+    """Settings for tests whose clients and targets are all on 127.0.0.1.
+
+    Production blocks loopback destinations and tunnels only to 443; a test
+    target listens on 127.0.0.1 on an ephemeral port, so both are opened here.
+    """
+    values: dict[str, Any] = {
+        "allowed_clients": ("127.0.0.1/32",),
+        "connect_ports": ("1025-65535",),
+        "blocked_destinations": (),
+    }
+    values.update(overrides)
+    return SquidSettings(**values)
+
+
+class RunningSquid:
+    """One squid process (foreground, -N) with its own directory and port."""
+
+    def __init__(self, settings: SquidSettings, password: str | None, port: int) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="egress-squid-"))
+        self.port = port
+        self.username = settings.auth_username
+        self.password = password
+        self.service_name = "egsq" + secrets.token_hex(6)
+        self.settings = dataclasses.replace(
+            settings,
+            listen_address="127.0.0.1",
+            port=port,
+            password_file=str(self.workdir / "passwords"),
+            pid_file=str(self.workdir / "squid.pid"),
+            access_log=str(self.workdir / "access.log"),
+            cache_log=str(self.workdir / "cache.log"),
+            coredump_dir=str(self.workdir),
+        )
+        self.config_path = self.workdir / "squid.conf"
+        self._process: subprocess.Popen[bytes] | None = None
+        try:
+            self._write_files()
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    @property
+    def proxy_url(self) -> str:
+        """http://[user:password@]127.0.0.1:PORT, credentials percent-encoded."""
+        creds = ""
+        if self.username is not None and self.password is not None:
+            creds = f"{quote(self.username, safe='')}:{quote(self.password, safe='')}@"
+        return f"http://{creds}127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def _write_files(self) -> None:
+        self.config_path.write_text(render_squid_conf(self.settings))
+        if self.username is not None:
+            assert self.password is not None
+            line = password_file_line(self.username, hash_password(self.password, rounds=4))
+            Path(self.settings.password_file).write_text(line)
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(SQUID_USER)
+            for path in [self.workdir, *self.workdir.iterdir()]:
+                os.chown(path, user.pw_uid, user.pw_gid)
+
+    def start(self) -> None:
+        """Start squid and wait until it accepts connections."""
+        if self._process is not None:
+            raise RuntimeError("squid is already running")
+        log_start = self._cache_log_size()
+        stderr = (self.workdir / "squid.stderr").open("ab")
+        with stderr:
+            self._process = subprocess.Popen(
+                [SQUID, "-N", "-n", self.service_name, "-f", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+            )
+        self._wait_ready(log_start)
+
+    def _cache_log_size(self) -> int:
+        return len(self._cache_log_bytes())
+
+    def _cache_log_bytes(self) -> bytes:
+        path = Path(self.settings.cache_log)
+        return path.read_bytes() if path.exists() else b""
+
+    def _wait_ready(self, log_start: int) -> None:
+        # squid logs this line once its listening socket is open; polling the
+        # log (not the port) keeps probe connections out of the access log.
+        assert self._process is not None
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if _READY_MARK in self._cache_log_bytes()[log_start:]:
+                return
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self._process = None
+                self._remove_shm()
+                raise RuntimeError(f"squid exited with {code}:\n{self.diagnostics()}")
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"squid did not start in {_START_TIMEOUT_S} s:\n{self.diagnostics()}")
+
+    def stop(self) -> None:
+        """Stop this squid (by its PID); SIGINT is squid's fast shutdown."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._remove_shm()
+
+    def _remove_shm(self) -> None:
+        # Only segments carrying this instance's unique service name.
+        for path in Path("/dev/shm").glob(f"{self.service_name}-*"):
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop squid and remove its directory."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def cache_log(self) -> str:
+        path = Path(self.settings.cache_log)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def access_log(self) -> str:
+        path = Path(self.settings.access_log)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def diagnostics(self) -> str:
+        stderr = self.workdir / "squid.stderr"
+        err = stderr.read_text(errors="replace") if stderr.exists() else ""
+        return f"--- stderr\n{err[-2000:]}--- cache.log\n{self.cache_log()[-4000:]}"
+
+    def __enter__(self) -> RunningSquid:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def start_squid(
+    settings: SquidSettings, password: str | None = None, *, port: int | None = None
+) -> RunningSquid:
+    """Start squid on 127.0.0.1 (a free port unless given) with these settings.
+
+    settings' listen address, port and file paths are replaced by ones inside
+    the instance's own directory; the rest (clients, ports, auth) is used as is.
+    A password is required exactly when settings.auth_username is set.
+    """
+    if (settings.auth_username is None) != (password is None):
+        raise ValueError("give a password exactly when settings.auth_username is set")
+    squid = RunningSquid(settings, password, port or free_port())
+    try:
+        squid.start()
+    except BaseException:
+        squid.close()
+        raise
+    return squid
