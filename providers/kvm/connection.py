@@ -51,7 +51,7 @@ class HostConnection:
             reason = self._dead_reason()
             if reason is None:
                 return wrap(self._conn, self.context)
-            if self._conn is not None or self._ssh is not None:
+            if self._conn is not None:
                 log.info("%s connection dropped (%s); reconnecting", self.context, reason)
                 self._teardown()
             for attempt in Retrying(
@@ -65,10 +65,11 @@ class HostConnection:
             return wrap(self._conn, self.context)
 
     def ssh(self) -> SshSession:
+        """The SSH session alone (host checks, diagnosis); opened if needed."""
         with self._lock:
             if self._ssh is None or not self._ssh.active:
-                self.libvirt()
-            assert self._ssh is not None
+                self._teardown()
+                self._ssh = SshSession(self.access)
             return self._ssh
 
     def _dead_reason(self) -> str | None:
@@ -87,26 +88,26 @@ class HostConnection:
     def _open(self) -> None:
         a = self.access
         start = time.perf_counter()
-        ssh = SshSession(a)
+        ssh = self.ssh()
         try:
             first = ssh.open_libvirt_channel()  # fails with a diagnosis, before libvirt tries
             first.close()
             bridge = SocketBridge(ssh.open_libvirt_channel, f"{a.provider}/{a.host}")
         except (LibvirtSocketError, paramiko.SSHException, OSError):
-            ssh.close()
+            self._teardown()
             raise
         try:
             conn = libvirt.open(bridge.uri)
         except libvirt.libvirtError as error:
             bridge.close()
-            ssh.close()
+            self._teardown()
             log.debug("%s libvirt open failed %s", self.context, error_label(error))
             raise LibvirtUnavailable(
                 a.where,
                 f"libvirt did not answer on {a.socket}: {error.get_error_message()}",
                 "check that libvirtd runs and is healthy on the host",
             ) from None
-        self._ssh, self._bridge, self._conn = ssh, bridge, conn
+        self._bridge, self._conn = bridge, conn
         self.opened += 1
         log.debug(
             "%s connected user=%s socket=%s (%.0f ms)",

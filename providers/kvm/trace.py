@@ -206,10 +206,9 @@ class Traced:
             except libvirt.libvirtError as error:
                 ms = (time.perf_counter() - start) * 1000
                 log.debug(
-                    "%s %s%s failed %s: %s (%.2f ms)",
+                    "%s %s failed %s: %s (%.2f ms)",
                     api,
                     where,
-                    "",
                     error_label(error),
                     error.get_error_message(),
                     ms,
@@ -217,9 +216,9 @@ class Traced:
                 raise
             ms = (time.perf_counter() - start) * 1000
             wrapped = wrap(result, self._context)
-            log.debug("%s%s%s (%.2f ms)", api, where, _curated(api, result), ms)
+            log.debug("%s %s%s (%.2f ms)", api, where, _curated(api, result), ms)
             if log.isEnabledFor(TRACE) and (xml := _xml(api, args, result)) is not None:
-                log.log(TRACE, "%s%s xml:\n%s", api, where, xml)
+                log.log(TRACE, "%s %s xml:\n%s", api, where, xml)
             return wrapped
 
         return call

@@ -8,11 +8,11 @@ from typing import Any
 
 import pulumi
 
+from providers.external import ExternalBackend
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.fleet import build_fleet
 from proxyinfra.program import raw_config
 from proxyinfra.validation import validate
-from providers.external import ExternalBackend
 
 
 class RecordingBackend:

@@ -1,0 +1,5 @@
+import sys
+
+from proxyinfra.cli import main
+
+sys.exit(main())
