@@ -226,5 +226,8 @@ class Squid(Model):
     allowed_clients: list[Cidr] = Field(default_factory=list)
     connect_ports: list[PortRange] = Field(default_factory=lambda: ["443"])
     auth: SquidAuth | None = None
+    # Destinations squid refuses; None keeps the renderer's default (loopback,
+    # link-local/metadata, private ranges). A test network may need [].
+    blocked_destinations: list[Cidr] | None = None
     # The name says the risk: without it, 0.0.0.0/0 or ::/0 is refused.
     allow_open_proxy_to_the_internet: bool = False

@@ -50,13 +50,13 @@ def backends() -> Mapping[str, Backend]:
 
 def load(base_dir: Path | None = None) -> StackConfig:
     config = validate(raw_config(), base_dir or Path.cwd())
+    for warning in config.warnings:
+        pulumi.log.warn(warning)
     missing = sorted({r.provider.type for r in config.replicas()} - set(backends()))
     if missing:
         raise ConfigError(
             [ConfigIssue("providers", f"backend not available yet: {', '.join(missing)}")]
         )
-    for warning in config.warnings:
-        pulumi.log.warn(warning)
     return config
 
 

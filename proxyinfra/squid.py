@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import bcrypt
 
+from proxyinfra.config import Squid
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Destinations a crawler never needs and an attacker-controlled URL could aim
@@ -98,6 +100,21 @@ class SquidSettings:
         for name in ("password_file", "auth_program", "pid_file", "access_log", "cache_log"):
             _check_path(name, getattr(self, name))
         _check_path("coredump_dir", self.coredump_dir)
+
+
+def settings_from_config(squid: Squid, **overrides: object) -> SquidSettings:
+    """The renderer's settings for the stack's `squid` block (paths may be overridden)."""
+    values: dict[str, object] = {
+        "allowed_clients": tuple(squid.allowed_clients),
+        "port": squid.port,
+        "connect_ports": tuple(squid.connect_ports),
+        "auth_username": squid.auth.username if squid.auth else None,
+        "allow_open_proxy_to_the_internet": squid.allow_open_proxy_to_the_internet,
+    }
+    if squid.blocked_destinations is not None:
+        values["blocked_destinations"] = tuple(squid.blocked_destinations)
+    values.update(overrides)
+    return SquidSettings(**values)  # type: ignore[arg-type]
 
 
 def check_username(username: str) -> None:

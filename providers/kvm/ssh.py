@@ -80,6 +80,18 @@ class _StreamlocalTransport(paramiko.Transport):  # type: ignore[misc]
         return opened
 
 
+# AEAD first: one pass for cipher and MAC, measured faster for bulk uploads.
+_FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _prefer_fast_ciphers(transport: paramiko.Transport) -> None:
+    options = transport.get_security_options()
+    offered = tuple(options.ciphers)
+    options.ciphers = tuple(c for c in _FAST_CIPHERS if c in offered) + tuple(
+        c for c in offered if c not in _FAST_CIPHERS
+    )
+
+
 class SshSession:
     """One authenticated SSH connection to one host."""
 
@@ -124,6 +136,7 @@ class SshSession:
             ) from None
         transport = _StreamlocalTransport(sock)
         transport.set_keepalive(15)
+        _prefer_fast_ciphers(transport)
         try:
             transport.start_client(timeout=CONNECT_TIMEOUT)
             self._verify_host_key(transport)

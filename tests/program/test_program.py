@@ -98,3 +98,24 @@ def test_bad_config_fails_with_one_message_before_any_resource() -> None:
         "  proxies[1].provider: unknown provider 'nowhere' (providers: corp)",
     ]
     assert result.resources == []  # nothing registered
+
+
+def test_insecure_host_keys_are_warned_about_at_program_start(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("k")
+    config = external_config()
+    config["providers"].append(
+        {
+            "name": "lab",
+            "type": "kvm",
+            "kvm": {
+                "sshKeyFile": str(key),
+                "insecureIgnoreHostKey": True,
+                "hosts": [{"name": "h1", "address": "192.0.2.1", "network": "default"}],
+            },
+        }
+    )
+    result = run_program(PROGRAM, config)
+    result.raise_for_error()
+    warning = next(line for line in result.stderr.splitlines() if "insecureIgnoreHostKey" in line)
+    assert "not verified" in warning and "impersonate" in warning and "'lab'" in warning

@@ -275,3 +275,27 @@ def test_password_file_line_rejects_bad_hash_without_echoing(bad_hash: str) -> N
         password_file_line("crawler", bad_hash)
     if bad_hash:
         assert bad_hash not in str(info.value)
+
+
+def test_settings_from_the_stack_config() -> None:
+    from proxyinfra.config import Squid
+    from proxyinfra.squid import DEFAULT_BLOCKED_DESTINATIONS, settings_from_config
+
+    squid = Squid.model_validate(
+        {
+            "port": 3130,
+            "allowedClients": ["10.0.0.0/8"],
+            "connectPorts": ["443", "8443"],
+            "auth": {},
+        }
+    )
+    settings = settings_from_config(squid, listen_address="127.0.0.1")
+    assert settings.port == 3130
+    assert settings.allowed_clients == ("10.0.0.0/8",)
+    assert settings.connect_ports == ("443", "8443")
+    assert settings.auth_username == "crawler"
+    assert settings.listen_address == "127.0.0.1"
+    assert settings.blocked_destinations == DEFAULT_BLOCKED_DESTINATIONS
+    opened = settings_from_config(squid.model_copy(update={"blocked_destinations": []}))
+    assert opened.blocked_destinations == ()
+    assert "http_port 3130" in render_squid_conf(settings_from_config(squid))

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import libvirt
 import pytest
 
-from proxyinfra.logs import TRACE
 from providers.kvm.trace import Traced, api_name, error_label, wrap
+from proxyinfra.logs import TRACE
 
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
 
@@ -36,10 +36,16 @@ def test_each_rpc_is_one_line_with_api_identifiers_result_and_duration(
     pool.listAllVolumes()
     got = lines(caplog)
     assert len(got) == 4
-    assert re.fullmatch(r"virDomainLookupByName provider=p host=h name=test \(\d+\.\d\d ms\)", got[0])
-    assert re.fullmatch(r"virDomainGetState provider=p host=h domain=test state=running \(\d+\.\d\d ms\)", got[1])
+    assert re.fullmatch(
+        r"virDomainLookupByName provider=p host=h name=test \(\d+\.\d\d ms\)", got[0]
+    )
+    assert re.fullmatch(
+        r"virDomainGetState provider=p host=h domain=test state=running \(\d+\.\d\d ms\)", got[1]
+    )
     assert got[2].startswith("virStoragePoolLookupByName provider=p host=h name=default-pool")
-    assert re.match(r"virStoragePoolListAllVolumes provider=p host=h pool=default-pool count=\d+ \(", got[3])
+    assert re.match(
+        r"virStoragePoolListAllVolumes provider=p host=h pool=default-pool count=\d+ \(", got[3]
+    )
     assert isinstance(dom, Traced) and isinstance(pool, Traced)
 
 
@@ -51,10 +57,14 @@ def test_failures_carry_the_libvirt_error_code_name_and_number(
         conn.lookupByName("nope")
     assert error_label(info.value) == "VIR_ERR_NO_DOMAIN(42)"
     (line,) = lines(caplog)
-    assert line.startswith("virDomainLookupByName provider=p host=h name=nope failed VIR_ERR_NO_DOMAIN(42): ")
+    assert line.startswith(
+        "virDomainLookupByName provider=p host=h name=nope failed VIR_ERR_NO_DOMAIN(42): "
+    )
 
 
-def test_xml_and_listing_names_only_at_trace(conn: Traced, caplog: pytest.LogCaptureFixture) -> None:
+def test_xml_and_listing_names_only_at_trace(
+    conn: Traced, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG, logger="kvm.libvirt")
     conn.lookupByName("test").XMLDesc(0)
     conn.listAllDomains(0)

@@ -1,0 +1,96 @@
+"""`python -m proxyinfra hosts check` against the testbed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+import yaml
+
+from tests.integration.conftest import Testbed
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_stack(project: Path, testbed: Testbed, **host_changes: Any) -> None:
+    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    provider["kvm"]["hosts"][0].update(host_changes)
+    doc = {"config": {"egress-proxies:providers": [provider]}}
+    (project / "Pulumi.check.yaml").write_text(yaml.safe_dump(doc))
+
+
+def hosts_check(project: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxyinfra",
+            "--project-dir",
+            str(project),
+            "hosts",
+            "check",
+            "--stack",
+            "check",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    # A pool of this test's own, so removing it disturbs nothing else.
+    name = f"check-{uuid.uuid4().hex[:6]}"
+    target = tmp_path / "pool"
+    target.mkdir()
+    local = libvirt.open("qemu:///system")
+    pool = local.storagePoolDefineXML(
+        f"<pool type='dir'><name>{name}</name><target><path>{target}</path></target></pool>", 0
+    )
+    pool.create(0)
+    try:
+        write_stack(tmp_path, testbed, pool=name)
+        done = hosts_check(tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = [line.split()[:4] for line in done.stdout.splitlines() if line.strip()]
+        checks = [" ".join(r[1:-1]) for r in rows]
+        assert checks == [
+            "ssh reachable",
+            "host key verified",
+            "ssh key accepted",
+            "libvirt socket usable",
+            "storage pool",
+            "network",
+            "domain type",
+            "UEFI firmware",
+        ]
+        assert all(
+            line.split()[0] == "testbed" for line in done.stdout.splitlines() if line.strip()
+        )
+        assert " FAIL " not in done.stdout
+    finally:
+        pool.destroy()
+        pool.undefine()
+        local.close()
+    done = hosts_check(tmp_path)
+    assert done.returncode == 1
+    (failed,) = [line for line in done.stdout.splitlines() if " FAIL " in line]
+    assert failed.split()[1:3] == ["storage", "pool"]
+    assert f"pool {name!r} not found" in failed
+    assert "1 check(s) failed: testbed: storage pool" in done.stdout
+
+
+def test_fails_on_an_unknown_network_and_names_it(testbed: Testbed, tmp_path: Path) -> None:
+    write_stack(tmp_path, testbed, network="no-such-net")
+    done = hosts_check(tmp_path)
+    assert done.returncode == 1
+    assert "libvirt network 'no-such-net' not found" in done.stdout

@@ -1,0 +1,262 @@
+"""SSH-forwarded libvirt against the testbed's real sshd, libvirtd and qemu."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+import yaml
+
+from providers.kvm.access import HostAccess
+from providers.kvm.connection import HostConnection
+from providers.kvm.errors import (
+    AuthenticationRefused,
+    HostKeyMismatch,
+    HostKeyUnknown,
+    HostUnreachable,
+    KeyFileError,
+    LibvirtSocketError,
+)
+from proxyinfra.cloudinit import render_user_data
+from proxyinfra.config import KvmProviderEntry
+from tests.integration.conftest import Testbed
+from tests.support.sshd import PrivateSshd
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def testbed_access(testbed: Testbed, **changes: Any) -> HostAccess:
+    entry = KvmProviderEntry.model_validate(yaml.safe_load(testbed.provider_yaml.read_text()))
+    access = HostAccess.of(entry, entry.kvm.hosts[0], ROOT)
+    return dataclasses.replace(access, **changes)
+
+
+@pytest.fixture
+def connection(testbed: Testbed) -> Iterator[HostConnection]:
+    conn = HostConnection(testbed_access(testbed))
+    yield conn
+    conn.close()
+
+
+def test_libvirt_over_ssh_as_the_non_root_user(
+    connection: HostConnection, testbed: Testbed
+) -> None:
+    conn = connection.libvirt()
+    assert connection.ssh().access.user != "root"
+    assert testbed.pool in [p.name() for p in conn.listAllStoragePools(0)]
+    pool = conn.storagePoolLookupByName(testbed.pool)
+    name = f"transport-test-{uuid.uuid4().hex[:8]}.raw"
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    vol = pool.createXML(
+        f"<volume><name>{name}</name><capacity>{len(payload)}</capacity>"
+        "<target><format type='raw'/></target></volume>",
+        0,
+    )
+    try:
+        stream = conn.newStream(0)
+        vol.upload(stream, 0, len(payload), 0)
+        for i in range(0, len(payload), 256 * 1024):
+            stream.send(payload[i : i + 256 * 1024])
+        stream.finish()
+        back = bytearray()
+        stream = conn.newStream(0)
+        vol.download(stream, 0, len(payload), 0)
+        while chunk := stream.recv(256 * 1024):
+            if isinstance(chunk, int):  # -2: would block; not in blocking mode
+                continue
+            back += chunk
+        stream.finish()
+        assert bytes(back) == payload
+    finally:
+        vol.delete(0)
+    assert name not in [v.name() for v in pool.listAllVolumes(0)]
+
+
+def test_define_start_destroy_undefine_a_domain(
+    connection: HostConnection, testbed: Testbed
+) -> None:
+    conn = connection.libvirt()
+    name = f"testbed-transport-{uuid.uuid4().hex[:8]}"
+    xml = f"""<domain type='qemu'>
+      <name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
+      <os><type arch='x86_64' machine='q35'>hvm</type></os>
+      <cpu mode='maximum'/>
+      <devices><interface type='network'><source network='{testbed.network}'/><model type='virtio'/></interface>
+      <graphics type='none'/><serial type='pty'/></devices></domain>"""
+    dom = conn.defineXML(xml)
+    try:
+        dom.create()
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+        dom.destroy()
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_SHUTOFF
+    finally:
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    assert name not in [d.name() for d in conn.listAllDomains(0)]
+
+
+def test_reconnects_after_sshd_dies_and_fails_clearly_while_down(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    sshd = PrivateSshd(testbed.sshd_config, tmp_path).start()
+    conn = HostConnection(testbed_access(testbed, port=sshd.port))
+    try:
+        assert conn.libvirt().getLibVersion() > 0
+        assert conn.opened == 1
+        assert sshd.kill_sessions() >= 1  # the session dies under us
+        assert conn.libvirt().getLibVersion() > 0  # the next call reconnects
+        assert conn.opened == 2
+        sshd.stop()
+        sshd.kill_sessions  # listener gone too
+        gc.collect()
+        with pytest.raises(HostUnreachable) as info:
+            conn.libvirt().getLibVersion()
+        text = str(info.value)
+        assert f"127.0.0.1:{sshd.port}" in text and "Connection refused" in text
+        assert "check the address and port" in text
+        sshd.start()
+        assert conn.libvirt().getLibVersion() > 0
+        assert conn.opened == 3
+    finally:
+        conn.close()
+        sshd.stop()
+
+
+def test_host_keys_verified(
+    testbed: Testbed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    wrong = tmp_path / "known_hosts_wrong"
+    wrong.write_text(f"[127.0.0.1]:{testbed.ssh_port} {other.with_suffix('.pub').read_text()}")
+    with pytest.raises(HostKeyMismatch) as mismatch:
+        HostConnection(testbed_access(testbed, known_hosts_file=str(wrong))).libvirt()
+    assert "host key changed: offered ssh-ed25519 SHA256:" in str(mismatch.value)
+    empty = tmp_path / "known_hosts_empty"
+    empty.write_text("")
+    with pytest.raises(HostKeyUnknown) as unknown:
+        HostConnection(testbed_access(testbed, known_hosts_file=str(empty))).libvirt()
+    assert f"ssh-keyscan -p {testbed.ssh_port} 127.0.0.1 >> {empty}" in str(unknown.value)
+
+    caplog.set_level(logging.WARNING, logger="kvm")
+    insecure = HostConnection(
+        testbed_access(
+            testbed,
+            known_hosts_file=str(empty),
+            insecure_ignore_host_key=True,
+            provider="insecure-test",
+        )
+    )
+    try:
+        assert insecure.libvirt().getLibVersion() > 0
+    finally:
+        insecure.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("host key NOT verified" in w and "impersonate" in w for w in warnings)
+
+
+def test_key_and_auth_errors_name_what_to_check(testbed: Testbed, tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(KeyFileError) as info:
+        HostConnection(testbed_access(testbed, key_file=str(missing))).libvirt()
+    assert f"SSH key file not found: {missing}" in str(info.value)
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    with pytest.raises(AuthenticationRefused) as refused:
+        HostConnection(testbed_access(testbed, key_file=str(stranger))).libvirt()
+    assert f"user {testbed.user!r}" in str(refused.value)
+    assert "authorized_keys" in str(refused.value)
+
+
+def test_socket_errors_are_diagnosed(testbed: Testbed) -> None:
+    with pytest.raises(LibvirtSocketError) as missing:
+        HostConnection(testbed_access(testbed, socket="/run/nowhere/libvirt-sock")).libvirt()
+    assert "does not exist" in str(missing.value) and "is libvirtd running" in str(missing.value)
+    # The admin socket is root-only: the testbed user cannot use it.
+    with pytest.raises(LibvirtSocketError) as denied:
+        HostConnection(
+            testbed_access(testbed, socket="/var/run/libvirt/libvirt-admin-sock")
+        ).libvirt()
+    assert "permission denied" in str(denied.value)
+    assert f"usermod -aG libvirt {testbed.user}" in str(denied.value)
+
+
+TRACE_SCRIPT = """
+import sys
+from tests.integration.test_transport import traced_session
+traced_session(sys.argv[1])
+"""
+
+
+def traced_session(marker: str) -> None:
+    """Run in a subprocess with EGRESS_PROXIES_LOG set: a few RPCs and an upload of
+    user-data that holds `marker`."""
+    from proxyinfra import logs
+    from tests.integration.conftest import load_testbed
+
+    logs.configure()
+    testbed = load_testbed()
+    conn = HostConnection(testbed_access(testbed))
+    try:
+        lv = conn.libvirt()
+        pool = lv.storagePoolLookupByName(testbed.pool)
+        pool.listAllVolumes(0)
+        data = render_user_data(
+            "http_port 3128\n", None, f"#cloud-config\nbootcmd: [[echo, {marker}]]\n"
+        ).encode()
+        vol = pool.createXML(
+            f"<volume><name>trace-{marker}.raw</name><capacity>{len(data)}</capacity></volume>", 0
+        )
+        stream = lv.newStream(0)
+        vol.upload(stream, 0, len(data), 0)
+        stream.send(data)
+        stream.finish()
+        vol.delete(0)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("level", ["info", "debug", "2"])
+def test_trace_levels_from_the_environment_never_show_user_data(
+    testbed: Testbed, level: str
+) -> None:
+    marker = f"MARK{uuid.uuid4().hex}"
+    env = {**os.environ, "EGRESS_PROXIES_LOG": level}
+    done = subprocess.run(
+        [sys.executable, "-c", TRACE_SCRIPT, marker],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    log = done.stderr
+    assert marker not in log.replace(f"trace-{marker}.raw", "")  # only the volume's name holds it
+    rpc_lines = [line for line in log.splitlines() if " kvm.libvirt " in line]
+    if level == "info":
+        assert rpc_lines == []
+        return
+    assert any(
+        "virStoragePoolLookupByName provider=testbed host=testbed name=" in line
+        for line in rpc_lines
+    )
+    assert any("virStorageVolCreateXML" in line and " ms)" in line for line in rpc_lines)
+    assert any(
+        "DEBUG kvm provider=testbed host=testbed connected" in line for line in log.splitlines()
+    )
+    has_xml = "<volume>" in log
+    assert has_xml == (level == "2")
+    assert ("names=" in log) == (level == "2")
