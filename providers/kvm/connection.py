@@ -42,6 +42,12 @@ class HostConnection:
         self.opened = 0  # connections made so far (reconnects show here)
 
     @property
+    def alive(self) -> bool:
+        """Whether the current connection is up (never reconnects)."""
+        with self._lock:
+            return self._dead_reason() is None
+
+    @property
     def context(self) -> str:
         return f"provider={self.access.provider} host={self.access.host}"
 

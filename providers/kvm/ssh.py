@@ -30,6 +30,9 @@ from providers.kvm.errors import (
 )
 
 log = logging.getLogger("kvm")
+# paramiko logs a dropped socket at ERROR from its own thread; the connection
+# pool reports drops itself, with the host named, when it notices them.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 CONNECT_TIMEOUT = 10.0
 # Bigger than paramiko's 2 MiB default: volume uploads are bulk transfers.

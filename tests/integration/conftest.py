@@ -91,6 +91,11 @@ class Testbed:
             state_dir=path.parent,
         )
 
+    @property
+    def sshd_config(self) -> Path:
+        """The testbed sshd's config (Port and PidFile lines start a line)."""
+        return self.state_dir / "sshd_config"
+
     @staticmethod
     def script(*args: str) -> subprocess.CompletedProcess[str]:
         """scripts/testbed ARGS (for tests of the script itself)."""
@@ -154,10 +159,17 @@ class Testbed:
         )
 
 
+def load_testbed() -> Testbed:
+    """The testbed that is up now (for code outside the fixture, e.g. a subprocess)."""
+    return Testbed.from_env_file(ENV_FILE)
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     if os.geteuid() != 0:
-        pytest.skip("the testbed needs root: it starts libvirtd and sshd and adds a user")
+        pytest.fail(
+            "the testbed needs root: it starts libvirtd and sshd and adds a user", pytrace=False
+        )
     # Only a testbed this session made from nothing is torn down afterwards;
     # one that was there (a developer's, the dev stack's) stays.
     made_here = not ENV_FILE.exists()
@@ -169,7 +181,7 @@ def testbed() -> Iterator[Testbed]:
                 f"scripts/testbed up failed (exit {result.returncode}):\n{result.stderr}",
                 pytrace=False,
             )
-        yield Testbed.from_env_file(ENV_FILE)
+        yield load_testbed()
     finally:
         if made_here and not keep:
             run_testbed("down")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -61,8 +62,8 @@ def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(
         write_stack(tmp_path, testbed, pool=name)
         done = hosts_check(tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
-        rows = [line.split()[:4] for line in done.stdout.splitlines() if line.strip()]
-        checks = [" ".join(r[1:-1]) for r in rows]
+        rows = [re.split(r"\s{2,}", line) for line in done.stdout.splitlines() if line.strip()]
+        checks = [r[1] for r in rows]
         assert checks == [
             "ssh reachable",
             "host key verified",
@@ -84,7 +85,7 @@ def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(
     done = hosts_check(tmp_path)
     assert done.returncode == 1
     (failed,) = [line for line in done.stdout.splitlines() if " FAIL " in line]
-    assert failed.split()[1:3] == ["storage", "pool"]
+    assert re.split(r"\s{2,}", failed)[1:3] == ["storage pool", "FAIL"]
     assert f"pool {name!r} not found" in failed
     assert "1 check(s) failed: testbed: storage pool" in done.stdout
 

@@ -194,8 +194,9 @@ def test_network_is_isolated_and_hands_out_a_dhcp_range(testbed: Testbed) -> Non
     assert dumped.returncode == 0, dumped.stderr
     net = ET.fromstring(dumped.stdout)
     assert net.find("forward") is None  # isolated: no NAT, no routing off the host
-    assert net.find("bridge").get("name") == testbed.bridge  # type: ignore[union-attr]
-    assert net.find("dns").get("enable") == "no"  # type: ignore[union-attr]
+    bridge, dns = net.find("bridge"), net.find("dns")
+    assert bridge is not None and bridge.get("name") == testbed.bridge
+    assert dns is not None and dns.get("enable") == "no"  # no forwarding of guests' queries
     ip = net.find("ip")
     assert ip is not None
     assert IPv4Address(ip.get("address")) == testbed.gateway

@@ -8,8 +8,9 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def testbed_access(testbed: Testbed, **changes: Any) -> HostAccess:
+def access_for(testbed: Testbed, **changes: Any) -> HostAccess:
     entry = KvmProviderEntry.model_validate(yaml.safe_load(testbed.provider_yaml.read_text()))
     access = HostAccess.of(entry, entry.kvm.hosts[0], ROOT)
     return dataclasses.replace(access, **changes)
@@ -44,7 +45,7 @@ def testbed_access(testbed: Testbed, **changes: Any) -> HostAccess:
 
 @pytest.fixture
 def connection(testbed: Testbed) -> Iterator[HostConnection]:
-    conn = HostConnection(testbed_access(testbed))
+    conn = HostConnection(access_for(testbed))
     yield conn
     conn.close()
 
@@ -93,7 +94,7 @@ def test_define_start_destroy_undefine_a_domain(
       <os><type arch='x86_64' machine='q35'>hvm</type></os>
       <cpu mode='maximum'/>
       <devices><interface type='network'><source network='{testbed.network}'/><model type='virtio'/></interface>
-      <graphics type='none'/><serial type='pty'/></devices></domain>"""
+      <serial type='pty'/></devices></domain>"""
     dom = conn.defineXML(xml)
     try:
         dom.create()
@@ -107,15 +108,26 @@ def test_define_start_destroy_undefine_a_domain(
     assert name not in [d.name() for d in conn.listAllDomains(0)]
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def test_reconnects_after_sshd_dies_and_fails_clearly_while_down(
     testbed: Testbed, tmp_path: Path
 ) -> None:
-    sshd = PrivateSshd(testbed.sshd_config, tmp_path).start()
-    conn = HostConnection(testbed_access(testbed, port=sshd.port))
+    sshd = PrivateSshd(testbed.sshd_config, testbed.known_hosts, tmp_path).start()
+    conn = HostConnection(
+        access_for(testbed, port=sshd.port, known_hosts_file=str(sshd.known_hosts))
+    )
     try:
         assert conn.libvirt().getLibVersion() > 0
         assert conn.opened == 1
         assert sshd.kill_sessions() >= 1  # the session dies under us
+        wait_until(lambda: not conn.alive, "the dropped session to be noticed")
         assert conn.libvirt().getLibVersion() > 0  # the next call reconnects
         assert conn.opened == 2
         sshd.stop()
@@ -141,17 +153,17 @@ def test_host_keys_verified(
     wrong = tmp_path / "known_hosts_wrong"
     wrong.write_text(f"[127.0.0.1]:{testbed.ssh_port} {other.with_suffix('.pub').read_text()}")
     with pytest.raises(HostKeyMismatch) as mismatch:
-        HostConnection(testbed_access(testbed, known_hosts_file=str(wrong))).libvirt()
+        HostConnection(access_for(testbed, known_hosts_file=str(wrong))).libvirt()
     assert "host key changed: offered ssh-ed25519 SHA256:" in str(mismatch.value)
     empty = tmp_path / "known_hosts_empty"
     empty.write_text("")
     with pytest.raises(HostKeyUnknown) as unknown:
-        HostConnection(testbed_access(testbed, known_hosts_file=str(empty))).libvirt()
+        HostConnection(access_for(testbed, known_hosts_file=str(empty))).libvirt()
     assert f"ssh-keyscan -p {testbed.ssh_port} 127.0.0.1 >> {empty}" in str(unknown.value)
 
     caplog.set_level(logging.WARNING, logger="kvm")
     insecure = HostConnection(
-        testbed_access(
+        access_for(
             testbed,
             known_hosts_file=str(empty),
             insecure_ignore_host_key=True,
@@ -169,25 +181,23 @@ def test_host_keys_verified(
 def test_key_and_auth_errors_name_what_to_check(testbed: Testbed, tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(KeyFileError) as info:
-        HostConnection(testbed_access(testbed, key_file=str(missing))).libvirt()
+        HostConnection(access_for(testbed, key_file=str(missing))).libvirt()
     assert f"SSH key file not found: {missing}" in str(info.value)
     stranger = tmp_path / "stranger"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     with pytest.raises(AuthenticationRefused) as refused:
-        HostConnection(testbed_access(testbed, key_file=str(stranger))).libvirt()
+        HostConnection(access_for(testbed, key_file=str(stranger))).libvirt()
     assert f"user {testbed.user!r}" in str(refused.value)
     assert "authorized_keys" in str(refused.value)
 
 
 def test_socket_errors_are_diagnosed(testbed: Testbed) -> None:
     with pytest.raises(LibvirtSocketError) as missing:
-        HostConnection(testbed_access(testbed, socket="/run/nowhere/libvirt-sock")).libvirt()
+        HostConnection(access_for(testbed, socket="/run/nowhere/libvirt-sock")).libvirt()
     assert "does not exist" in str(missing.value) and "is libvirtd running" in str(missing.value)
     # The admin socket is root-only: the testbed user cannot use it.
     with pytest.raises(LibvirtSocketError) as denied:
-        HostConnection(
-            testbed_access(testbed, socket="/var/run/libvirt/libvirt-admin-sock")
-        ).libvirt()
+        HostConnection(access_for(testbed, socket="/var/run/libvirt/libvirt-admin-sock")).libvirt()
     assert "permission denied" in str(denied.value)
     assert f"usermod -aG libvirt {testbed.user}" in str(denied.value)
 
@@ -207,7 +217,7 @@ def traced_session(marker: str) -> None:
 
     logs.configure()
     testbed = load_testbed()
-    conn = HostConnection(testbed_access(testbed))
+    conn = HostConnection(access_for(testbed))
     try:
         lv = conn.libvirt()
         pool = lv.storagePoolLookupByName(testbed.pool)

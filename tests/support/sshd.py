@@ -16,7 +16,13 @@ from tests.support.squid import free_port
 
 
 class PrivateSshd:
-    def __init__(self, testbed_config: Path, workdir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        testbed_config: Path,
+        testbed_known_hosts: Path,
+        workdir: Path,
+        port: int | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.workdir = workdir
         self.config = workdir / "sshd_config"
@@ -24,6 +30,16 @@ class PrivateSshd:
         text = re.sub(r"(?m)^Port .*$", f"Port {self.port}", text)
         text = re.sub(r"(?m)^PidFile .*$", f"PidFile {workdir / 'sshd.pid'}", text)
         self.config.write_text(text)
+        # Same host key as the testbed's sshd, listed under this port.
+        self.known_hosts = workdir / "known_hosts"
+        self.known_hosts.write_text(
+            re.sub(
+                r"^\[127\.0\.0\.1\]:\d+",
+                f"[127.0.0.1]:{self.port}",
+                testbed_known_hosts.read_text(),
+                flags=re.M,
+            )
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PrivateSshd:
