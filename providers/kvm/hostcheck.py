@@ -150,13 +150,9 @@ def _nic(h: str, access: HostAccess, conn: Any, connection: HostConnection) -> C
 
 def _domain_type(h: str, domain_type: str, conn: Any) -> CheckRow:
     caps = ET.fromstring(conn.getCapabilities())
-    types = {
-        d.get("type")
-        for guest in caps.iter("guest")
-        if guest.findtext("arch/[@name='x86_64']") is not None
-        or guest.find("arch[@name='x86_64']") is not None
-        for d in guest.iter("domain")
-    }
+    types: set[str] = set()
+    for arch in caps.findall("guest/arch[@name='x86_64']"):
+        types |= {d.get("type") or "" for d in arch.findall("domain")}
     if domain_type not in types:
         fix = (
             "set hosts[].domainType: qemu (software emulation)"

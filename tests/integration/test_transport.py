@@ -269,3 +269,66 @@ def test_trace_levels_from_the_environment_never_show_user_data(
     has_xml = "<volume>" in log
     assert has_xml == (level == "2")
     assert ("names=" in log) == (level == "2")
+
+
+def test_one_connection_shared_by_threads(testbed: Testbed) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from providers.kvm.connection import connect
+
+    access = access_for(testbed, provider="shared-test")
+    assert connect(access) is connect(access)  # one per host per process
+    shared = connect(access)
+    try:
+
+        def work(_: int) -> int:
+            pool = shared.libvirt().storagePoolLookupByName(testbed.pool)
+            return len(pool.listAllVolumes(0)) + 1
+
+        with ThreadPoolExecutor(8) as threads:
+            assert all(n >= 1 for n in threads.map(work, range(64)))
+        assert shared.opened == 1
+    finally:
+        shared.close()
+
+
+EXIT_SCRIPT = """
+from tests.integration.conftest import load_testbed
+from tests.integration.test_transport import access_for
+from providers.kvm.connection import connect
+testbed = load_testbed()
+conn = connect(access_for(testbed)).libvirt()
+kept = [conn.storagePoolLookupByName(testbed.pool), conn.listAllDomains(0)]
+print("holding", len(kept))
+"""
+
+
+def test_interpreter_exit_does_not_hang_with_libvirt_objects_alive(testbed: Testbed) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "holding 2"
+
+
+def test_dropped_connection_is_logged_with_its_reason(
+    testbed: Testbed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvm")
+    sshd = PrivateSshd(testbed.sshd_config, testbed.known_hosts, tmp_path).start()
+    conn = HostConnection(
+        access_for(testbed, port=sshd.port, known_hosts_file=str(sshd.known_hosts))
+    )
+    try:
+        conn.libvirt().getLibVersion()
+        sshd.kill_sessions()
+        wait_until(lambda: not conn.alive, "the drop to be noticed")
+        conn.libvirt().getLibVersion()
+    finally:
+        conn.close()
+        sshd.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name == "kvm"]
+    assert any("connected user=" in m for m in messages)
+    dropped = [m for m in messages if "connection dropped" in m]
+    assert len(dropped) == 1 and "provider=testbed host=testbed" in dropped[0]
+    assert "ssh session closed" in dropped[0] or "libvirt connection closed" in dropped[0]
