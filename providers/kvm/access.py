@@ -6,8 +6,9 @@ connection (see providers.kvm.connection for the per-process pool).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from proxyinfra.config import KvmHost, KvmProviderEntry
 from proxyinfra.validation import resolve_path
@@ -56,3 +57,14 @@ class HostAccess:
             bridge=host.bridge,
             network=host.network,
         )
+
+    def to_props(self) -> dict[str, Any]:
+        """As a resource input (providers rebuild it with :meth:`from_props`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_props(cls, props: dict[str, Any]) -> HostAccess:
+        values: dict[str, Any] = {f.name: props.get(f.name) for f in fields(cls)}
+        values["port"] = int(values["port"])  # numbers cross the engine as floats
+        values["insecure_ignore_host_key"] = bool(values["insecure_ignore_host_key"])
+        return cls(**values)

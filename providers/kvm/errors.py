@@ -45,3 +45,15 @@ class LibvirtUnavailable(HostError):
 
 class HostResourceMissing(HostError):
     """A pool, bridge or network the config names is not on the host."""
+
+
+class CapacityError(HostError):
+    """Not enough room on the host: names pool or memory, what is needed and what is there."""
+
+
+class ImageError(KvmError):
+    """A base image could not be fetched or did not match its digest."""
+
+
+class InUseError(KvmError):
+    """Deleting something that others still depend on."""
