@@ -204,7 +204,7 @@ class ProxyDomainProvider(KvmProvider):
                 libvirt.VIR_DOMAIN_AFFECT_CONFIG
                 | (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0),
             )
-        kept = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
+        kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
         return UpdateResult(outs={**news, **kept})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
