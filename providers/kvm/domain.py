@@ -160,8 +160,6 @@ class ProxyDomainProvider(KvmProvider):
             )
             if ip:
                 return ip
-            if not dom.isActive():
-                raise KvmError(f"{access.where}: domain {props['name']} stopped while booting")
             if time.monotonic() + interval > deadline:
                 source = (
                     f"network {access.network!r}" if access.network else f"bridge {access.bridge!r}"
@@ -243,10 +241,20 @@ def _first_ipv4(interfaces: dict[str, Any], mac: str) -> str | None:
     return None
 
 
+class DomainStopped(KvmError):
+    pass
+
+
 def _address_from_agent(dom: Any, mac: str) -> str | None:
+    """Also the liveness check of the wait (no extra RPC): asking the agent of a
+    domain that is not running fails with OPERATION_INVALID."""
     try:
         return _first_ipv4(dom.interfaceAddresses(AGENT, 0), mac)
-    except libvirt.libvirtError:
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
+            raise DomainStopped(
+                f"domain {dom.name()} stopped while booting: {error.get_error_message()}"
+            ) from None
         return None  # no agent (yet): fall through to the other sources
 
 

@@ -1,0 +1,3 @@
+"""Provider-harness tests of the kvm resources use the integration testbed."""
+
+from tests.integration.conftest import testbed  # noqa: F401

@@ -1,0 +1,214 @@
+"""ProxyDomain through the engine's gRPC path, booting a real VM on the testbed."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import libvirt
+import pytest
+
+from providers.kvm.domain import ProxyDomainProvider, mac_for
+from providers.kvm.volumes import lookup_volume, upload, volume_xml
+from proxyinfra.names import overlay_volume, proxy_id, seed_volume
+from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
+from tests.integration.conftest import Testbed
+from tests.integration.test_transport import access_for
+from tests.support.images import tiny_image
+
+pytestmark = pytest.mark.integration
+libvirt.registerErrorHandler(lambda _c, _e: None, None)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ProviderProcess]:
+    with ProviderProcess(env={"EGRESS_PROXIES_LOG": "debug"}) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[libvirt.virConnect]:
+    conn = libvirt.open("qemu:///system")
+    yield conn
+    conn.close()
+
+
+@dataclass
+class Disks:
+    proxy: str
+    overlay: str
+    seed: str
+
+
+@pytest.fixture
+def disks(testbed: Testbed, local: libvirt.virConnect) -> Iterator[Disks]:
+    """A base from the tiny image, an overlay on it and a blank seed, made directly."""
+    pool = local.storagePoolLookupByName(testbed.pool)
+    image = tiny_image()
+    tag = uuid.uuid4().hex[:8]
+    pid = proxy_id("egress-proxies", "domain-test", tag)
+    base = pool.createXML(
+        volume_xml(f"domain-test-base-{tag}.qcow2", image.stat().st_size, "qcow2"), 0
+    )
+    upload(local, base, [image.read_bytes()])
+    pool.refresh(0)
+    base = pool.storageVolLookupByName(f"domain-test-base-{tag}.qcow2")
+    overlay = pool.createXML(
+        volume_xml(overlay_volume(pid), 1024**3, "qcow2", (base.path(), "qcow2")), 0
+    )
+    seed = pool.createXML(volume_xml(seed_volume(pid), 1024 * 1024, "raw"), 0)
+    try:
+        yield Disks(pid, overlay.path(), seed.path())
+    finally:
+        for name in (overlay_volume(pid), seed_volume(pid), base.name()):
+            vol = lookup_volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+        with_domain = [d for d in local.listAllDomains(0) if d.name() == pid]
+        for dom in with_domain:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+
+
+def props(testbed: Testbed, disks: Disks, **changes: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "host": access_for(testbed).to_props(),
+        "name": disks.proxy,
+        "project": "egress-proxies",
+        "stack": "domain-test",
+        "logicalName": "home-0",
+        "memoryMib": 256,
+        "vcpus": 1,
+        "domainType": "qemu",
+        "cpuMode": "maximum",
+        "firmware": "uefi",
+        "diskPath": disks.overlay,
+        "seedPath": disks.seed,
+        "network": testbed.network,
+        "bridge": None,
+        "baseVolume": "base",
+        "seedSha256": "seed",
+        "ipTimeoutSeconds": 120,
+        "shutdownTimeoutSeconds": 20,
+    }
+    values.update(changes)
+    return provider_inputs(ProxyDomainProvider(), values)
+
+
+def domain_names(local: libvirt.virConnect) -> list[str]:
+    return [d.name() for d in local.listAllDomains(0)]
+
+
+def rpc_lines(engine: ProviderProcess, since: int) -> list[str]:
+    return [line for line in engine.log_text()[since:].splitlines() if " kvm.libvirt " in line]
+
+
+def test_boots_gets_its_lease_refreshes_and_deletes(
+    engine: ProviderProcess, testbed: Testbed, disks: Disks, local: libvirt.virConnect
+) -> None:
+    urn = make_urn(disks.proxy)
+    inputs = props(testbed, disks)
+    assert engine.check(urn, {}, inputs).failures == []
+    mark = len(engine.log_text())
+    created = engine.create(urn, inputs)
+    create_rpcs = rpc_lines(engine, mark)
+    out = created.properties
+    assert created.id == disks.proxy
+    assert out["mac"] == mac_for(disks.proxy)
+    assert re.fullmatch(r"10\.251\.77\.\d+", out["ip"])
+    net = local.networkLookupByName(testbed.network)
+    assert out["ip"] in [lease["ipaddr"] for lease in net.DHCPLeases(out["mac"])]
+    dom = local.lookupByName(disks.proxy)
+    assert dom.isActive()
+    # The metadata element is there, in our namespace, read back by local name.
+    from providers.kvm.domainxml import NS_URI, parse_metadata
+
+    meta = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS_URI))
+    assert meta is not None and (meta.project, meta.stack, meta.name) == (
+        "egress-proxies",
+        "domain-test",
+        "home-0",
+    )
+    # RPCs: a fixed handful plus two per poll while the guest boots.
+    polls = sum("virDomainInterfaceAddresses" in line for line in create_rpcs)
+    fixed = len(create_rpcs) - 2 * polls
+    assert fixed <= 10, "\n".join(create_rpcs)
+
+    mark = len(engine.log_text())
+    read = engine.read(created.id, urn, out)
+    assert read.id == created.id and read.properties["state"] == "running"
+    assert read.properties["ip"] == out["ip"]
+    assert len(rpc_lines(engine, mark)) <= 4
+
+    dom.destroy()  # out of band, as `virsh destroy` would
+    assert engine.read(created.id, urn, out).properties["state"] == "shutoff"
+
+    engine.delete(created.id, urn, out)
+    assert disks.proxy not in domain_names(local)
+    engine.delete(created.id, urn, out)  # already gone: fine
+    assert engine.read(created.id, urn, out).id == ""
+
+
+def test_graceful_shutdown_on_delete(
+    engine: ProviderProcess, testbed: Testbed, disks: Disks, local: libvirt.virConnect
+) -> None:
+    urn = make_urn(disks.proxy)
+    created = engine.create(urn, props(testbed, disks))
+    mark = len(engine.log_text())
+    engine.delete(created.id, urn, created.properties)
+    lines = rpc_lines(engine, mark)
+    assert any("virDomainShutdown" in line for line in lines)
+    assert not any("virDomainDestroy" in line for line in lines)  # the guest powered off itself
+    assert disks.proxy not in domain_names(local)
+
+
+def test_failed_creates_leave_nothing(
+    engine: ProviderProcess, testbed: Testbed, disks: Disks, local: libvirt.virConnect
+) -> None:
+    urn = make_urn(disks.proxy)
+    with pytest.raises(ProviderError) as no_net:
+        engine.create(urn, props(testbed, disks, network="no-such-network"))
+    assert "no-such-network" in no_net.value.message
+    assert disks.proxy not in domain_names(local)
+
+    with pytest.raises(ProviderError) as timeout:
+        engine.create(urn, props(testbed, disks, ipTimeoutSeconds=2))
+    assert "got no IP address within 2s" in timeout.value.message
+    assert f"MAC {mac_for(disks.proxy)}" in timeout.value.message
+    assert disks.proxy not in domain_names(local)
+
+    with pytest.raises(ProviderError) as memory:
+        engine.create(urn, props(testbed, disks, memoryMib=64 * 1024 * 1024))
+    assert (
+        "of memory free, domain" in memory.value.message
+        and "needs 64.00 GiB" not in memory.value.message
+    )
+    assert "host 'testbed'" in memory.value.message
+    assert disks.proxy not in domain_names(local)
+
+
+def test_diff_replaces_and_updates(engine: ProviderProcess, testbed: Testbed, disks: Disks) -> None:
+    urn = make_urn(disks.proxy)
+    olds = props(testbed, disks)
+    same = engine.diff(disks.proxy, urn, olds, props(testbed, disks))
+    assert same.action == "same"
+    for key, value in (
+        ("memoryMib", 512),
+        ("seedSha256", "other"),
+        ("baseVolume", "b2"),
+        ("firmware", "bios"),
+    ):
+        d = engine.diff(disks.proxy, urn, olds, props(testbed, disks, **{key: value}))
+        assert d.action == "replace" and d.replaces == [key] and d.delete_before_replace
+    d = engine.diff(disks.proxy, urn, olds, props(testbed, disks, ipTimeoutSeconds=30))
+    assert d.action == "update"
+
+
+def test_check_names_the_problem(engine: ProviderProcess, testbed: Testbed, disks: Disks) -> None:
+    checked = engine.check(make_urn(disks.proxy), {}, props(testbed, disks, memoryMib=64))
+    assert len(checked.failures) == 1
+    assert "memory_mib: 64 is below the minimum of 128" in checked.failures[0][1]
