@@ -12,6 +12,8 @@ from proxyinfra.config import KvmProviderEntry
 from proxyinfra.stackfile import load_stack
 from proxyinfra.validation import ConfigError
 
+PROJECT = "egress-proxies"
+
 
 def _hosts_check(args: argparse.Namespace) -> int:
     from providers.kvm.access import HostAccess
@@ -47,6 +49,53 @@ def _hosts_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from providers.kvm.access import HostAccess
+    from providers.kvm.connection import connect
+    from providers.kvm.gc import find_orphans, remove
+    from proxyinfra.names import proxy_id
+    from proxyinfra.state import load_state, owned_objects, parse_duration
+
+    try:
+        min_age = parse_duration(args.min_age)
+    except ValueError as error:
+        print(f"--min-age: {error}", file=sys.stderr)
+        return 2
+    config = load_stack(args.project_dir, args.stack)
+    owned = owned_objects(load_state(args.project_dir, PROJECT, args.stack, args.state))
+    logical = {r.name for r in config.replicas()} | owned.logical_names
+    stack_ids = {proxy_id(PROJECT, args.stack, name) for name in logical}
+    found = 0
+    for provider in config.providers.values():
+        if not isinstance(provider, KvmProviderEntry):
+            continue
+        for host in provider.kvm.hosts:
+            access = HostAccess.of(provider, host, config.base_dir)
+            connection = connect(access)
+            try:
+                conn = connection.libvirt()
+                orphans = find_orphans(
+                    conn, access, PROJECT, args.stack, owned.names, stack_ids, min_age
+                )
+                for o in orphans:
+                    age = f"{o.age_seconds / 60:.0f}m" if o.age_seconds is not None else "?"
+                    print(f"{o.host}  {o.kind:<6}  {o.name}  age {age}  {o.detail}")
+                if orphans and args.delete:
+                    remove(conn, access, orphans)
+                found += len(orphans)
+            finally:
+                connection.close()
+    if not found:
+        print(f"no orphans of stack {args.stack!r} older than {args.min_age}")
+    elif args.delete:
+        print(f"removed {found} object(s)")
+    else:
+        print(
+            f"dry run: {found} object(s) would be removed; run again with --delete to remove them"
+        )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m proxyinfra", description=__doc__)
     root.add_argument(
@@ -58,6 +107,22 @@ def parser() -> argparse.ArgumentParser:
     check = hosts_commands.add_parser("check", help="check every libvirt host of a stack")
     check.add_argument("--stack", default="dev", help="stack name (default: dev)")
     check.set_defaults(run=_hosts_check)
+    gc = commands.add_parser(
+        "gc", help="list (and remove) objects on the hosts the stack's state does not own"
+    )
+    gc.add_argument("--stack", default="dev", help="stack name (default: dev)")
+    gc.add_argument(
+        "--min-age",
+        default="1h",
+        help="only objects at least this old (default: 1h; e.g. 0, 30m, 2d)",
+    )
+    gc.add_argument("--delete", action="store_true", help="remove them (default: dry run)")
+    gc.add_argument(
+        "--state",
+        type=Path,
+        help="the stack's state (`pulumi stack export` output); default: ask pulumi, else the local backend",
+    )
+    gc.set_defaults(run=_gc)
     return root
 
 

@@ -124,7 +124,9 @@ def test_the_volume_uuid_is_the_fixed_date(iso_file: Path) -> None:
 
 
 def test_different_user_data_gives_different_bytes() -> None:
-    other = build_nocloud_iso(USER_DATA + "# one more line\n", META_DATA, default_vendor_data(), NETWORK)
+    other = build_nocloud_iso(
+        USER_DATA + "# one more line\n", META_DATA, default_vendor_data(), NETWORK
+    )
     assert hashlib.sha256(other).digest() != hashlib.sha256(full_iso()).digest()
     changed_meta = build_nocloud_iso(USER_DATA, META_DATA.replace("0123", "4567"))
     assert changed_meta != build_nocloud_iso(USER_DATA, META_DATA)

@@ -1,0 +1,109 @@
+"""Find (and remove) what a stack left on its libvirt hosts that its state
+does not own: domains by their metadata, overlay and seed volumes by name.
+
+A volume name carries a proxy id, not the stack: a volume is this stack's when
+its id is one of the stack's ids (from the config, the state, or the metadata
+of this stack's domains on the host). Volumes of other stacks sharing the host
+are therefore never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import libvirt
+
+from providers.kvm.access import HostAccess
+from providers.kvm.domainxml import NS_URI, parse_metadata
+
+VOLUME_RE = re.compile(r"^(proxy-[0-9a-f]{10})(\.qcow2|-seed\.iso)$")
+UNDEFINE_FLAGS = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+
+
+@dataclass(frozen=True)
+class Orphan:
+    host: str
+    kind: Literal["domain", "volume"]
+    name: str
+    age_seconds: float | None
+    detail: str
+
+
+def _domain_marks(dom: Any) -> Any | None:
+    try:
+        return parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS_URI, 0))
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
+            return None
+        raise
+    except ValueError:
+        return None  # someone else's malformed element: not ours to judge
+
+
+def _volume_age(vol: Any, now: datetime) -> float | None:
+    root = ET.fromstring(vol.XMLDesc(0))
+    stamp = root.findtext("target/timestamps/mtime") or root.findtext("target/timestamps/ctime")
+    return now.timestamp() - float(stamp) if stamp else None
+
+
+def find_orphans(
+    conn: Any,
+    access: HostAccess,
+    project: str,
+    stack: str,
+    owned: set[str],
+    stack_ids: set[str],
+    min_age_seconds: float,
+    now: datetime | None = None,
+) -> list[Orphan]:
+    """Objects of (project, stack) on this host that `owned` does not list."""
+    now = now or datetime.now(UTC)
+    orphans: list[Orphan] = []
+    ids = set(stack_ids)
+    other_domains: set[str] = set()
+    for dom in conn.listAllDomains(0):
+        marks = _domain_marks(dom)
+        name = dom.name()
+        if marks is None or not marks.managed or (marks.project, marks.stack) != (project, stack):
+            other_domains.add(name)
+            continue
+        ids.add(name)
+        if name in owned:
+            continue
+        age = (now - marks.created).total_seconds()
+        if age >= min_age_seconds:
+            orphans.append(Orphan(access.host, "domain", name, age, f"logical name {marks.name!r}"))
+    pool = conn.storagePoolLookupByName(access.pool)
+    for vol in pool.listAllVolumes(0):
+        match = VOLUME_RE.match(vol.name())
+        if match is None or vol.name() in owned:
+            continue
+        proxy = match.group(1)
+        if proxy not in ids or proxy in other_domains:
+            continue
+        age = _volume_age(vol, now)
+        if age is None or age >= min_age_seconds:
+            what = "overlay" if match.group(2) == ".qcow2" else "seed"
+            orphans.append(
+                Orphan(access.host, "volume", vol.name(), age, f"{what} in pool {access.pool}")
+            )
+    return orphans
+
+
+def remove(conn: Any, access: HostAccess, orphans: Iterable[Orphan]) -> None:
+    """Domains first (they hold their volumes), then volumes."""
+    for orphan in sorted(orphans, key=lambda o: o.kind != "domain"):
+        if orphan.kind == "domain":
+            dom = conn.lookupByName(orphan.name)
+            if dom.isActive():
+                with contextlib.suppress(libvirt.libvirtError):
+                    dom.destroy()
+            dom.undefineFlags(UNDEFINE_FLAGS)
+        else:
+            conn.storagePoolLookupByName(access.pool).storageVolLookupByName(orphan.name).delete(0)

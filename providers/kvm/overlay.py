@@ -1,0 +1,342 @@
+"""Overlay: a proxy's disk, a thin qcow2 backed by the host's base image.
+
+The overlay is made by libvirt (qemu-img on the host) with the base as its
+backing file and the base's format recorded in the header, so qemu never
+probes the format of the base. Its virtual size is ``sizeGb`` GiB; it can
+never be smaller than the base's virtual size, which create checks first.
+
+Names are fixed (one overlay per proxy id), so every replacement deletes
+first. A larger ``sizeGb`` grows the volume in place; a smaller one replaces
+it (qcow2 images are not shrunk: the guest's filesystem would be cut).
+
+An overlay that already exists when create runs (a create killed half way,
+or state that was lost) holds a VM's data: it is adopted when it is a qcow2
+backed by the same base in the same format, else create fails naming it.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any
+
+import libvirt
+import pulumi
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
+
+from providers.kvm.access import HostAccess
+from providers.kvm.errors import HostError, HostResourceMissing
+from providers.kvm.resource import KvmProvider
+from providers.kvm.volumes import GIB, delete_volume, human, lookup_volume, volume_xml
+
+FORMATS = ("qcow2", "raw")
+# A change of any of these needs a new volume; its name is fixed, so delete first.
+REPLACE_KEYS = ("host", "name", "basePath", "baseFormat")
+MAX_SIZE_GB = 65536  # the config's own bound on diskSizeGb
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """What a volume's XML says about it."""
+
+    path: str
+    format: str
+    capacity: int
+    backing_path: str | None
+    backing_format: str | None
+
+
+def parse_volume_xml(xml: str) -> VolumeInfo:
+    root = ET.fromstring(xml)
+    backing = root.find("backingStore")
+    backing_path = backing.findtext("path") if backing is not None else None
+    backing_format = None
+    if backing is not None and (fmt := backing.find("format")) is not None:
+        backing_format = fmt.get("type")
+    target_format = root.find("target/format")
+    return VolumeInfo(
+        path=root.findtext("target/path") or "",
+        format=target_format.get("type", "") if target_format is not None else "",
+        capacity=_bytes(root.find("capacity")),
+        backing_path=backing_path or None,
+        backing_format=backing_format,
+    )
+
+
+def _bytes(element: ET.Element | None) -> int:
+    """A libvirt size element in bytes (libvirt writes bytes, but honours a unit)."""
+    if element is None or element.text is None:
+        return 0
+    units = {"bytes": 1, "b": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB}
+    return int(element.text) * units.get(element.get("unit", "bytes"), 1)
+
+
+def lookup_pool(conn: Any, access: HostAccess) -> Any:
+    """The host's pool, or an error that names it and the host."""
+    try:
+        return conn.storagePoolLookupByName(access.pool)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+            raise HostResourceMissing(
+                access.where,
+                f"storage pool {access.pool!r} does not exist",
+                "create it or fix hosts[].pool (python -m proxyinfra hosts check shows the pools)",
+            ) from None
+        raise
+
+
+def size_bytes(size_gb: Any) -> int:
+    """sizeGb as bytes; numbers cross the engine as floats."""
+    return int(size_gb) * GIB
+
+
+def _is_unknown(value: Any) -> bool:
+    return isinstance(value, pulumi.output.Unknown)
+
+
+class OverlayProvider(KvmProvider):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = []
+        known = {k: v for k, v in news.items() if not _is_unknown(v)}  # preview: base not made yet
+        if "name" in known and (not isinstance(known["name"], str) or not known["name"]):
+            failures.append(CheckFailure("name", "the volume name must be a non-empty string"))
+        base = known.get("basePath")
+        if "basePath" in known and (not isinstance(base, str) or not base.startswith("/")):
+            failures.append(CheckFailure("basePath", f"must be an absolute path, got {base!r}"))
+        fmt = known.get("baseFormat")
+        if "baseFormat" in known and fmt not in FORMATS:
+            failures.append(CheckFailure("baseFormat", f"must be one of {FORMATS}, got {fmt!r}"))
+        size = known.get("sizeGb")
+        if "sizeGb" in known and not _whole_gb(size):
+            failures.append(
+                CheckFailure(
+                    "sizeGb", f"must be a whole number from 1 to {MAX_SIZE_GB}, got {size!r}"
+                )
+            )
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
+        new_size = news.get("sizeGb")
+        current = int(olds.get("capacity") or size_bytes(olds.get("sizeGb", 0)))
+        if _is_unknown(new_size):
+            # Could be a shrink: a preview must never understate losing a disk.
+            replaces.append("sizeGb")
+            resized = True
+        else:
+            resized = size_bytes(new_size) != current
+            if size_bytes(new_size) < current:
+                replaces.append("sizeGb")
+        return DiffResult(
+            changes=bool(replaces) or resized,
+            replaces=replaces,
+            delete_before_replace=True,
+        )
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        access = self.access(props)
+        name = props["name"]
+        log = self.logger(access, name)
+        conn = self.connection(props).libvirt()
+        pool = lookup_pool(conn, access)
+        capacity = size_bytes(props["sizeGb"])
+        existing = lookup_volume(pool, name)
+        if existing is not None:
+            info = self._adopt(existing, props, capacity, access)
+            log.warning(
+                "adopted existing overlay %s (backed by %s, %s)",
+                info.path,
+                info.backing_path,
+                human(info.capacity),
+            )
+            return CreateResult(id_=name, outs=self._outputs(props, info))
+        self._check_base(conn, props, capacity, access)
+        vol = pool.createXML(
+            volume_xml(name, capacity, "qcow2", (props["basePath"], props["baseFormat"])), 0
+        )
+        try:
+            info = self._describe(vol)
+        except BaseException as error:
+            self._discard(props, error)
+            raise
+        log.info(
+            "overlay created %s backed by %s (%s), %s virtual",
+            info.path,
+            info.backing_path,
+            info.backing_format,
+            human(info.capacity),
+        )
+        return CreateResult(id_=name, outs=self._outputs(props, info))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        access = self.access(props)
+        conn = self.connection(props).libvirt()
+        vol = lookup_volume(lookup_pool(conn, access), props["name"])
+        if vol is None:
+            return ReadResult(id_="", outs={})
+        return ReadResult(id_=id_, outs=self._outputs(props, self._describe(vol)))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        """Only growth reaches here (diff replaces on everything else)."""
+        access = self.access(news)
+        name = news["name"]
+        conn = self.connection(news).libvirt()
+        vol = lookup_volume(lookup_pool(conn, access), name)
+        if vol is None:
+            raise HostError(
+                access.where,
+                f"overlay {name!r} is missing from pool {access.pool!r}",
+                "run `pulumi refresh` so it is created again",
+            )
+        capacity = size_bytes(news["sizeGb"])
+        vol.resize(capacity, 0)
+        info = self._describe(vol)
+        self.logger(access, name).info("overlay grown to %s", human(info.capacity))
+        return UpdateResult(outs=self._outputs(news, info))
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        access = self.access(props)
+        conn = self.connection(props).libvirt()
+        if delete_volume(lookup_pool(conn, access), props["name"]):
+            self.logger(access, props["name"]).info("overlay deleted")
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _describe(vol: Any) -> VolumeInfo:
+        """Separate so a test can make the step after createXML fail."""
+        return parse_volume_xml(vol.XMLDesc(0))
+
+    @staticmethod
+    def _outputs(props: dict[str, Any], info: VolumeInfo) -> dict[str, Any]:
+        return {
+            **props,
+            "path": info.path,
+            "capacity": info.capacity,
+            # As found on the host: a rebase done out of band shows up as a diff.
+            "basePath": info.backing_path or "",
+            "baseFormat": info.backing_format or "",
+        }
+
+    @staticmethod
+    def _check_base(conn: Any, props: dict[str, Any], capacity: int, access: HostAccess) -> None:
+        """Refuse before creating: a missing base, a format that is not the
+        base's own (a raw file read as qcow2 is a guest escape), or a base
+        larger than the overlay."""
+        base_path, base_format = props["basePath"], props["baseFormat"]
+        try:
+            base = conn.storageVolLookupByPath(base_path)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                raise HostResourceMissing(
+                    access.where,
+                    f"base image {base_path} is not a volume libvirt knows",
+                    "create the BaseImage first (or refresh the pool if the file was copied in)",
+                ) from None
+            raise
+        info = parse_volume_xml(base.XMLDesc(0))
+        if info.format != base_format:
+            raise HostError(
+                access.where,
+                f"base image {base_path} is {info.format!r}, not {base_format!r}",
+                "set the image's format to what the file really is",
+            )
+        if info.capacity > capacity:
+            raise HostError(
+                access.where,
+                f"overlay {props['name']!r} of {human(capacity)} would be smaller than its base "
+                f"image {base_path} ({human(info.capacity)} virtual)",
+                f"set diskSizeGb to at least {-(-info.capacity // GIB)}",
+            )
+
+    @staticmethod
+    def _adopt(
+        existing: Any, props: dict[str, Any], capacity: int, access: HostAccess
+    ) -> VolumeInfo:
+        info = parse_volume_xml(existing.XMLDesc(0))
+        wanted = (props["basePath"], props["baseFormat"])
+        if info.format != "qcow2" or (info.backing_path, info.backing_format) != wanted:
+            raise HostError(
+                access.where,
+                f"volume {props['name']!r} already exists in pool {access.pool!r} as "
+                f"{info.format} backed by {info.backing_path or 'nothing'} "
+                f"({info.backing_format or '-'}), not by {wanted[0]} ({wanted[1]})",
+                "it is not this proxy's overlay on this image; if its data is not needed, "
+                f"delete it (virsh vol-delete --pool {access.pool} {props['name']}) and run again",
+            )
+        if info.capacity > capacity:
+            raise HostError(
+                access.where,
+                f"volume {props['name']!r} already exists with {human(info.capacity)}, "
+                f"more than the {human(capacity)} asked for",
+                f"set diskSizeGb to {info.capacity // GIB} to keep it, or delete it and run again",
+            )
+        if info.capacity < capacity:
+            existing.resize(capacity, 0)
+            info = parse_volume_xml(existing.XMLDesc(0))
+        return info
+
+    def _discard(self, props: dict[str, Any], error: BaseException) -> None:
+        """Remove what a failed create made, by name on a fresh lookup (the
+        connection may be what failed); never hides the original error."""
+        access = self.access(props)
+        try:
+            conn = self.connection(props).libvirt()
+            delete_volume(lookup_pool(conn, access), props["name"])
+        except Exception as cleanup:
+            self.logger(access, props["name"]).error(
+                "could not remove the overlay after a failed create: %s", cleanup
+            )
+            error.add_note(f"{access.where}: volume {props['name']!r} may remain: {cleanup}")
+
+
+def _whole_gb(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and float(value).is_integer()
+        and 1 <= value <= MAX_SIZE_GB
+    )
+
+
+class Overlay(pulumi.dynamic.Resource):
+    """A proxy's disk: inputs ``host``, ``name``, ``basePath``, ``baseFormat``,
+    ``sizeGb``; outputs those plus ``path`` and ``capacity`` (bytes)."""
+
+    path: pulumi.Output[str]
+    capacity: pulumi.Output[float]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        host: HostAccess,
+        name: pulumi.Input[str],
+        base_path: pulumi.Input[str],
+        base_format: pulumi.Input[str],
+        size_gb: pulumi.Input[int],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props = {
+            "host": host.to_props(),
+            "name": name,
+            "basePath": base_path,
+            "baseFormat": base_format,
+            "sizeGb": size_gb,
+            "path": None,
+            "capacity": None,
+        }
+        fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
+        super().__init__(
+            OverlayProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, fixed_name)
+        )
+
+
+__all__ = ["Overlay", "OverlayProvider", "VolumeInfo", "lookup_pool", "parse_volume_xml"]

@@ -1,0 +1,198 @@
+"""SeedIso: the proxy's cloud-init NoCloud seed, an ISO built in memory
+(providers.kvm.iso) and uploaded into the host's pool as a raw volume.
+
+Secrets: user-data carries the squid password hash and whatever the operator
+added, vendor-data and network-config may carry secrets too. They are Pulumi
+secrets in state, never logged at any level and never quoted in an error.
+meta-data (instance-id, hostname) is not secret and stays readable in diffs.
+The ISO's sha256 is a secret output as well: it is a plain, unsalted digest
+of the documents, so when they are mostly known (the stack config) a state
+reader could test guesses of a low-entropy secret in them against it. Change
+detection does not need it in clear.
+
+Any change of a document replaces the seed (a new seed is what makes
+cloud-init see new data, together with the domain that this replaces); the
+name is fixed per proxy, so the old one is deleted first.
+
+A seed volume that already exists when create runs (a create killed half way)
+is replaced: its content is derived entirely from the inputs, unlike an
+overlay's, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult
+
+from providers.kvm.access import HostAccess
+from providers.kvm.iso import build_nocloud_iso
+from providers.kvm.overlay import lookup_pool, parse_volume_xml
+from providers.kvm.resource import KvmProvider
+from providers.kvm.volumes import (
+    delete_volume,
+    human,
+    lookup_volume,
+    require_space,
+    upload,
+    volume_xml,
+)
+
+REQUIRED_DOCUMENTS = ("userData", "metaData")
+OPTIONAL_DOCUMENTS = ("vendorData", "networkConfig")
+DOCUMENTS = REQUIRED_DOCUMENTS + OPTIONAL_DOCUMENTS
+REPLACE_KEYS = ("host", "name", *DOCUMENTS)
+SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256"]
+
+
+def _is_unknown(value: Any) -> bool:
+    return isinstance(value, pulumi.output.Unknown)
+
+
+def _document_failure(key: str, value: Any) -> CheckFailure | None:
+    """A reason naming only the key and the type: never the content."""
+    if _is_unknown(value):
+        return None  # preview: rendered from outputs not known yet
+    if value is None and key in OPTIONAL_DOCUMENTS:
+        return None
+    if not isinstance(value, str):
+        return CheckFailure(key, f"must be text, got {type(value).__name__}")
+    if key == "metaData" and not value.strip():
+        return CheckFailure(key, "must not be empty: it holds the instance-id")
+    return None
+
+
+def build_seed(props: dict[str, Any]) -> bytes:
+    return build_nocloud_iso(
+        props["userData"],
+        props["metaData"],
+        props.get("vendorData"),
+        props.get("networkConfig"),
+    )
+
+
+class SeedIsoProvider(KvmProvider):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = [f for key in DOCUMENTS if (f := _document_failure(key, news.get(key)))]
+        name = news.get("name")
+        if not _is_unknown(name) and (not isinstance(name, str) or not name):
+            failures.append(CheckFailure("name", "the volume name must be a non-empty string"))
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=True)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        access = self.access(props)
+        name = props["name"]
+        log = self.logger(access, name)
+        image = build_seed(props)
+        conn = self.connection(props).libvirt()
+        pool = lookup_pool(conn, access)
+        leftover = lookup_volume(pool, name)
+        if leftover is not None:
+            log.warning("replacing a seed volume left by an earlier run")
+            leftover.delete(0)
+        require_space(pool, len(image), access, f"seed {name!r}")
+        vol = pool.createXML(volume_xml(name, len(image), "raw"), 0)
+        try:
+            self._send(conn, vol, image)
+            path = vol.path()
+        except BaseException as error:
+            self._discard(props, error)
+            raise
+        log.info("seed uploaded to %s (%s)", path, human(len(image)))
+        outs = {
+            **props,
+            "path": path,
+            "size": len(image),
+            "sha256": hashlib.sha256(image).hexdigest(),
+        }
+        return CreateResult(id_=name, outs=outs)
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        access = self.access(props)
+        conn = self.connection(props).libvirt()
+        vol = lookup_volume(lookup_pool(conn, access), props["name"])
+        if vol is None:
+            return ReadResult(id_="", outs={})
+        info = parse_volume_xml(vol.XMLDesc(0))
+        # The content is not read back: sha256 stays what was uploaded.
+        return ReadResult(id_=id_, outs={**props, "path": info.path, "size": info.capacity})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        access = self.access(props)
+        conn = self.connection(props).libvirt()
+        if delete_volume(lookup_pool(conn, access), props["name"]):
+            self.logger(access, props["name"]).info("seed deleted")
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _send(conn: Any, vol: Any, image: bytes) -> None:
+        """Separate so a test can make the upload fail."""
+        upload(conn, vol, [image], len(image))
+
+    def _discard(self, props: dict[str, Any], error: BaseException) -> None:
+        """Remove what a failed create made, by name on a fresh lookup (the
+        connection may be what failed); never hides the original error."""
+        access = self.access(props)
+        try:
+            conn = self.connection(props).libvirt()
+            delete_volume(lookup_pool(conn, access), props["name"])
+        except Exception as cleanup:
+            self.logger(access, props["name"]).error(
+                "could not remove the seed after a failed create: %s", cleanup
+            )
+            error.add_note(f"{access.where}: volume {props['name']!r} may remain: {cleanup}")
+
+
+def _secret(value: pulumi.Input[str] | None) -> pulumi.Input[str] | None:
+    return None if value is None else pulumi.Output.secret(value)
+
+
+class SeedIso(pulumi.dynamic.Resource):
+    """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
+    ``vendorData``, ``networkConfig``; outputs those plus ``path``, ``size``
+    (bytes) and ``sha256`` of the ISO (secret)."""
+
+    path: pulumi.Output[str]
+    size: pulumi.Output[float]
+    sha256: pulumi.Output[str]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        host: HostAccess,
+        name: pulumi.Input[str],
+        user_data: pulumi.Input[str],
+        meta_data: pulumi.Input[str],
+        vendor_data: pulumi.Input[str] | None = None,
+        network_config: pulumi.Input[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props = {
+            "host": host.to_props(),
+            "name": name,
+            # Secret as inputs too, whatever the caller passed: inputs are kept in state.
+            "userData": pulumi.Output.secret(user_data),
+            "metaData": meta_data,
+            "vendorData": _secret(vendor_data),
+            "networkConfig": _secret(network_config),
+            "path": None,
+            "size": None,
+            "sha256": None,
+        }
+        options = pulumi.ResourceOptions(
+            additional_secret_outputs=SECRET_OUTPUTS, delete_before_replace=True
+        )
+        super().__init__(
+            SeedIsoProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, options)
+        )
+
+
+__all__ = ["SeedIso", "SeedIsoProvider", "build_seed"]

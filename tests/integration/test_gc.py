@@ -1,0 +1,171 @@
+"""`python -m proxyinfra gc` finds planted orphans on the testbed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import libvirt
+import pytest
+import yaml
+
+from providers.kvm.domainxml import DomainSpec, ProxyMetadata, build_domain_xml
+from providers.kvm.volumes import lookup_volume, volume_xml
+from proxyinfra.names import overlay_volume, proxy_id, seed_volume
+from tests.integration.conftest import Testbed
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = "egress-proxies"
+
+
+def define(conn: libvirt.virConnect, testbed: Testbed, stack: str, logical: str) -> str:
+    pid = proxy_id(PROJECT, stack, logical)
+    spec = DomainSpec(
+        name=pid,
+        memory_mib=128,
+        vcpus=1,
+        domain_type="qemu",
+        cpu_mode="maximum",
+        disk_path=f"{testbed.pool_path}/{overlay_volume(pid)}",
+        seed_path=f"{testbed.pool_path}/{seed_volume(pid)}",
+        network=testbed.network,
+        metadata=ProxyMetadata(
+            project=PROJECT, stack=stack, name=logical, created=datetime.now(UTC)
+        ),
+    )
+    conn.defineXML(build_domain_xml(spec))
+    return pid
+
+
+@pytest.fixture
+def planted(testbed: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
+    stack = f"gc{uuid.uuid4().hex[:6]}"
+    conn = libvirt.open("qemu:///system")
+    pool = conn.storagePoolLookupByName(testbed.pool)
+    made: dict[str, str] = {
+        "orphan_domain": define(conn, testbed, stack, "home-0"),  # in config, not in state
+        "owned_domain": define(conn, testbed, stack, "home-2"),  # in state
+        "other_stack_domain": define(conn, testbed, stack + "x", "home-0"),
+        "stack": stack,
+    }
+    orphan_vol = overlay_volume(proxy_id(PROJECT, stack, "home-1"))  # no domain at all
+    other_vol = overlay_volume(proxy_id(PROJECT, stack + "x", "home-1"))  # another stack's
+    for name in (orphan_vol, other_vol):
+        pool.createXML(volume_xml(name, 1024 * 1024, "qcow2"), 0)
+    made |= {"orphan_volume": orphan_vol, "other_volume": other_vol, "pool": testbed.pool}
+    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    provider["kvm"]["images"] = {"tiny": {"url": "http://127.0.0.1:9/tiny.qcow2"}}
+    provider["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 256}}
+    config = {
+        "egress-proxies:providers": [provider],
+        "egress-proxies:proxies": [
+            {
+                "name": "home",
+                "provider": "testbed",
+                "replicas": 3,
+                "placement": {"machineType": "small", "image": "tiny"},
+            }
+        ],
+        "egress-proxies:squid": {"allowedClients": ["10.251.77.0/24"]},
+    }
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
+    state = {"resources": [{"outputs": {"name": made["owned_domain"], "logicalName": "home-2"}}]}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    try:
+        yield made
+    finally:
+        for key in ("orphan_domain", "owned_domain", "other_stack_domain"):
+            with contextlib.suppress(libvirt.libvirtError):  # the orphan is gone already
+                conn.lookupByName(made[key]).undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        for name in (orphan_vol, other_vol):
+            vol = lookup_volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+        conn.close()
+
+
+def gc(project: Path, stack: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxyinfra",
+            "--project-dir",
+            str(project),
+            "gc",
+            "--stack",
+            stack,
+            "--state",
+            str(project / "state.json"),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_gc_lists_then_deletes_only_this_stacks_orphans(
+    planted: dict[str, str], tmp_path: Path
+) -> None:
+    conn = libvirt.open("qemu:///system")
+    try:
+        young = gc(tmp_path, planted["stack"])  # default --min-age 1h: all of them are fresh
+        assert young.returncode == 0, young.stderr
+        assert "no orphans" in young.stdout
+
+        dry = gc(tmp_path, planted["stack"], "--min-age", "0")
+        assert dry.returncode == 0, dry.stderr
+        listed = dry.stdout
+        assert planted["orphan_domain"] in listed and planted["orphan_volume"] in listed
+        for kept in ("owned_domain", "other_stack_domain", "other_volume"):
+            assert planted[kept] not in listed
+        assert "dry run: 2 object(s) would be removed" in listed
+        names = [d.name() for d in conn.listAllDomains(0)]
+        assert planted["orphan_domain"] in names  # nothing removed without --delete
+
+        done = gc(tmp_path, planted["stack"], "--min-age", "0", "--delete")
+        assert done.returncode == 0, done.stderr
+        assert "removed 2 object(s)" in done.stdout
+        names = [d.name() for d in conn.listAllDomains(0)]
+        assert planted["orphan_domain"] not in names
+        assert planted["owned_domain"] in names and planted["other_stack_domain"] in names
+        pool = conn.storagePoolLookupByName(planted["pool"])
+        vols = [v.name() for v in pool.listAllVolumes(0)]
+        assert planted["orphan_volume"] not in vols and planted["other_volume"] in vols
+    finally:
+        conn.close()
+
+
+def test_gc_refuses_without_readable_state(planted: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "state.json").unlink()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxyinfra",
+            "--project-dir",
+            str(tmp_path),
+            "gc",
+            "--stack",
+            planted["stack"],
+            "--delete",
+            "--min-age",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "cannot read the state of stack" in done.stderr
