@@ -7,7 +7,8 @@ never be smaller than the base's virtual size, which create checks first.
 
 Names are fixed (one overlay per proxy id), so every replacement deletes
 first. A larger ``sizeGb`` grows the volume in place; a smaller one replaces
-it (qcow2 images are not shrunk: the guest's filesystem would be cut).
+it (qcow2 images are not shrunk: the guest's filesystem would be cut). A
+volume grown beyond ``sizeGb`` out of band is left as it is.
 
 An overlay that already exists when create runs (a create killed half way,
 or state that was lost) holds a VM's data: it is adopted when it is a qcow2
@@ -124,16 +125,9 @@ class OverlayProvider(KvmProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
-        new_size = news.get("sizeGb")
-        current = int(olds.get("capacity") or size_bytes(olds.get("sizeGb", 0)))
-        if _is_unknown(new_size):
-            # Could be a shrink: a preview must never understate losing a disk.
+        resized, shrinks = _size_change(olds, news.get("sizeGb"))
+        if shrinks:
             replaces.append("sizeGb")
-            resized = True
-        else:
-            resized = size_bytes(new_size) != current
-            if size_bytes(new_size) < current:
-                replaces.append("sizeGb")
         return DiffResult(
             changes=bool(replaces) or resized,
             replaces=replaces,
@@ -196,9 +190,11 @@ class OverlayProvider(KvmProvider):
                 "run `pulumi refresh` so it is created again",
             )
         capacity = size_bytes(news["sizeGb"])
-        vol.resize(capacity, 0)
         info = self._describe(vol)
-        self.logger(access, name).info("overlay grown to %s", human(info.capacity))
+        if capacity > info.capacity:  # never shrink: libvirt refuses, and data would be cut
+            vol.resize(capacity, 0)
+            info = self._describe(vol)
+            self.logger(access, name).info("overlay grown to %s", human(info.capacity))
         return UpdateResult(outs=self._outputs(news, info))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -295,6 +291,21 @@ class OverlayProvider(KvmProvider):
                 "could not remove the overlay after a failed create: %s", cleanup
             )
             error.add_note(f"{access.where}: volume {props['name']!r} may remain: {cleanup}")
+
+
+def _size_change(olds: dict[str, Any], new_size: Any) -> tuple[bool, bool]:
+    """(size changes, needs a replacement). A smaller declared size replaces;
+    a volume smaller than declared (a larger size, or a shrink done out of
+    band and seen by refresh) is grown in place; a volume grown out of band
+    beyond the declared size is left alone rather than replaced."""
+    if _is_unknown(new_size):
+        return True, True  # could be a shrink: a preview must never understate losing a disk
+    declared = size_bytes(olds.get("sizeGb", 0))
+    current = int(olds.get("capacity") or declared)
+    wanted = size_bytes(new_size)
+    if wanted < declared:
+        return True, True
+    return wanted > current, False
 
 
 def _whole_gb(value: Any) -> bool:

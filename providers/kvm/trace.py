@@ -39,7 +39,7 @@ _API: dict[tuple[str, str], str] = {
     ("Connect", "getMemoryStats"): "virNodeGetMemoryStats",
     ("Connect", "getCapabilities"): "virConnectGetCapabilities",
     ("Connect", "getDomainCapabilities"): "virConnectGetDomainCapabilities",
-    ("Connect", "newStream"): "virStreamNew",
+    ("Connect", "storageVolLookupByPath"): "virStorageVolLookupByPath",
     ("Connect", "isAlive"): "virConnectIsAlive",
     ("Domain", "create"): "virDomainCreate",
     ("Domain", "XMLDesc"): "virDomainGetXMLDesc",
@@ -69,6 +69,7 @@ _LOCAL = {
     "connect",
     "close",
     "send",
+    "newStream",  # virStreamNew only makes the client object
     "recv",
     "sendAll",
     "recvAll",
