@@ -44,15 +44,17 @@ def _decode(key: str, value: Any) -> Any:
         raise ConfigError([ConfigIssue(key, "not valid JSON from the engine")]) from None
 
 
-def backends() -> Mapping[str, Backend]:
-    return {"external": ExternalBackend()}
+def backends(base_dir: Path) -> Mapping[str, Backend]:
+    from providers.kvm.backend import KvmBackend
+
+    return {"external": ExternalBackend(), "kvm": KvmBackend(base_dir)}
 
 
 def load(base_dir: Path | None = None) -> StackConfig:
     config = validate(raw_config(), base_dir or Path.cwd())
     for warning in config.warnings:
         pulumi.log.warn(warning)
-    missing = sorted({r.provider.type for r in config.replicas()} - set(backends()))
+    missing = sorted({r.provider.type for r in config.replicas()} - set(backends(config.base_dir)))
     if missing:
         raise ConfigError(
             [ConfigIssue("providers", f"backend not available yet: {', '.join(missing)}")]
@@ -62,7 +64,7 @@ def load(base_dir: Path | None = None) -> StackConfig:
 
 def main() -> dict[str, Any]:
     config = load()
-    outputs = {"fleet": build_fleet(config, backends())}
+    outputs = {"fleet": build_fleet(config, backends(config.base_dir))}
     for name, value in outputs.items():
         pulumi.export(name, value)
     return outputs

@@ -115,6 +115,7 @@ class HostConnection:
             ) from None
         self._bridge, self._conn = bridge, conn
         self.opened += 1
+        _open.add(self)
         log.debug(
             "%s connected user=%s socket=%s (%.0f ms)",
             self.context,
@@ -142,10 +143,15 @@ class HostConnection:
             if self._conn is not None:
                 log.debug("%s closing", self.context)
             self._teardown()
+        _open.discard(self)
 
 
 _pool: dict[HostAccess, HostConnection] = {}
 _pool_lock = threading.Lock()
+# Every open connection, pooled or not, held until closed and closed at exit:
+# a libvirt connection whose bridge threads stop at interpreter shutdown would
+# hang the final close in virConnect.__del__.
+_open: set[HostConnection] = set()
 
 
 def connect(access: HostAccess) -> HostConnection:
@@ -159,7 +165,7 @@ def connect(access: HostAccess) -> HostConnection:
 
 def close_all() -> None:
     with _pool_lock:
-        connections = list(_pool.values())
+        connections = {*_pool.values(), *_open}
         _pool.clear()
     for connection in connections:
         connection.close()

@@ -17,8 +17,6 @@ backed by the same base in the same format, else create fails naming it.
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from typing import Any
 
 import libvirt
@@ -35,62 +33,21 @@ from pulumi.dynamic import (
 from providers.kvm.access import HostAccess
 from providers.kvm.errors import HostError, HostResourceMissing
 from providers.kvm.resource import KvmProvider
-from providers.kvm.volumes import GIB, delete_volume, human, lookup_volume, volume_xml
+from providers.kvm.volumes import (
+    GIB,
+    VolumeInfo,
+    delete_volume,
+    human,
+    lookup_pool,
+    lookup_volume,
+    parse_volume_xml,
+    volume_xml,
+)
 
 FORMATS = ("qcow2", "raw")
 # A change of any of these needs a new volume; its name is fixed, so delete first.
 REPLACE_KEYS = ("host", "name", "basePath", "baseFormat")
 MAX_SIZE_GB = 65536  # the config's own bound on diskSizeGb
-
-
-@dataclass(frozen=True)
-class VolumeInfo:
-    """What a volume's XML says about it."""
-
-    path: str
-    format: str
-    capacity: int
-    backing_path: str | None
-    backing_format: str | None
-
-
-def parse_volume_xml(xml: str) -> VolumeInfo:
-    root = ET.fromstring(xml)
-    backing = root.find("backingStore")
-    backing_path = backing.findtext("path") if backing is not None else None
-    backing_format = None
-    if backing is not None and (fmt := backing.find("format")) is not None:
-        backing_format = fmt.get("type")
-    target_format = root.find("target/format")
-    return VolumeInfo(
-        path=root.findtext("target/path") or "",
-        format=target_format.get("type", "") if target_format is not None else "",
-        capacity=_bytes(root.find("capacity")),
-        backing_path=backing_path or None,
-        backing_format=backing_format,
-    )
-
-
-def _bytes(element: ET.Element | None) -> int:
-    """A libvirt size element in bytes (libvirt writes bytes, but honours a unit)."""
-    if element is None or element.text is None:
-        return 0
-    units = {"bytes": 1, "b": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB}
-    return int(element.text) * units.get(element.get("unit", "bytes"), 1)
-
-
-def lookup_pool(conn: Any, access: HostAccess) -> Any:
-    """The host's pool, or an error that names it and the host."""
-    try:
-        return conn.storagePoolLookupByName(access.pool)
-    except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
-            raise HostResourceMissing(
-                access.where,
-                f"storage pool {access.pool!r} does not exist",
-                "create it or fix hosts[].pool (python -m proxyinfra hosts check shows the pools)",
-            ) from None
-        raise
 
 
 def size_bytes(size_gb: Any) -> int:
@@ -350,4 +307,4 @@ class Overlay(pulumi.dynamic.Resource):
         )
 
 
-__all__ = ["Overlay", "OverlayProvider", "VolumeInfo", "lookup_pool", "parse_volume_xml"]
+__all__ = ["Overlay", "OverlayProvider"]

@@ -29,12 +29,13 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from providers.kvm.access import HostAccess
 from providers.kvm.iso import build_nocloud_iso
-from providers.kvm.overlay import lookup_pool, parse_volume_xml
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
     delete_volume,
     human,
+    lookup_pool,
     lookup_volume,
+    parse_volume_xml,
     require_space,
     upload,
     volume_xml,

@@ -4,16 +4,68 @@ from __future__ import annotations
 
 import contextlib
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import libvirt
 
 from providers.kvm.access import HostAccess
-from providers.kvm.errors import CapacityError
+from providers.kvm.errors import CapacityError, HostResourceMissing
 
 GIB = 1024**3
 MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """What a volume's XML says about it."""
+
+    path: str
+    format: str
+    capacity: int
+    backing_path: str | None
+    backing_format: str | None
+
+
+def parse_volume_xml(xml: str) -> VolumeInfo:
+    root = ET.fromstring(xml)
+    backing = root.find("backingStore")
+    backing_path = backing.findtext("path") if backing is not None else None
+    backing_format = None
+    if backing is not None and (fmt := backing.find("format")) is not None:
+        backing_format = fmt.get("type")
+    target_format = root.find("target/format")
+    return VolumeInfo(
+        path=root.findtext("target/path") or "",
+        format=target_format.get("type", "") if target_format is not None else "",
+        capacity=_bytes(root.find("capacity")),
+        backing_path=backing_path or None,
+        backing_format=backing_format,
+    )
+
+
+def _bytes(element: ET.Element | None) -> int:
+    """A libvirt size element in bytes (libvirt writes bytes, but honours a unit)."""
+    if element is None or element.text is None:
+        return 0
+    units = {"bytes": 1, "b": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB}
+    return int(element.text) * units.get(element.get("unit", "bytes"), 1)
+
+
+def lookup_pool(conn: Any, access: HostAccess) -> Any:
+    """The host's pool, or an error that names it and the host."""
+    try:
+        return conn.storagePoolLookupByName(access.pool)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+            raise HostResourceMissing(
+                access.where,
+                f"storage pool {access.pool!r} does not exist",
+                "create it or fix hosts[].pool (python -m proxyinfra hosts check shows the pools)",
+            ) from None
+        raise
 
 
 def lookup_volume(pool: Any, name: str) -> Any | None:

@@ -18,7 +18,7 @@ import yaml
 from providers.kvm.domainxml import DomainSpec, ProxyMetadata, build_domain_xml
 from providers.kvm.volumes import lookup_volume, volume_xml
 from proxyinfra.names import overlay_volume, proxy_id, seed_volume
-from tests.integration.conftest import Testbed
+from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

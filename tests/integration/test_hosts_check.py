@@ -13,7 +13,7 @@ import libvirt
 import pytest
 import yaml
 
-from tests.integration.conftest import Testbed
+from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

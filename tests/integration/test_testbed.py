@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import Testbed
+    from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ from providers.kvm.errors import (
 )
 from proxyinfra.cloudinit import render_user_data
 from proxyinfra.config import KvmProviderEntry
-from tests.integration.conftest import Testbed
 from tests.support.sshd import PrivateSshd
+from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def traced_session(marker: str) -> None:
     """Run in a subprocess with EGRESS_PROXIES_LOG set: a few RPCs and an upload of
     user-data that holds `marker`."""
     from proxyinfra import logs
-    from tests.integration.conftest import load_testbed
+    from tests.support.testbed import load_testbed
 
     logs.configure()
     testbed = load_testbed()
@@ -293,7 +293,7 @@ def test_one_connection_shared_by_threads(testbed: Testbed) -> None:
 
 
 EXIT_SCRIPT = """
-from tests.integration.conftest import load_testbed
+from tests.support.testbed import load_testbed
 from tests.integration.test_transport import access_for
 from providers.kvm.connection import connect
 testbed = load_testbed()
@@ -332,3 +332,26 @@ def test_dropped_connection_is_logged_with_its_reason(
     dropped = [m for m in messages if "connection dropped" in m]
     assert len(dropped) == 1 and "provider=testbed host=testbed" in dropped[0]
     assert "ssh session closed" in dropped[0] or "libvirt connection closed" in dropped[0]
+
+
+UNPOOLED_EXIT_SCRIPT = """
+from tests.support.testbed import load_testbed
+from tests.integration.test_transport import access_for
+from providers.kvm.connection import HostConnection
+testbed = load_testbed()
+conn = HostConnection(access_for(testbed)).libvirt()
+kept = conn.storagePoolLookupByName(testbed.pool)
+print("holding")
+"""
+
+
+def test_exit_does_not_hang_with_an_unpooled_connection_left_open(testbed: Testbed) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", UNPOOLED_EXIT_SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "holding"

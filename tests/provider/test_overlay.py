@@ -14,8 +14,8 @@ import libvirt
 import pulumi
 import pytest
 
-from providers.kvm.overlay import Overlay, OverlayProvider, VolumeInfo
-from providers.kvm.volumes import GIB, MIB, lookup_volume, volume_xml
+from providers.kvm.overlay import Overlay, OverlayProvider
+from providers.kvm.volumes import GIB, MIB, VolumeInfo, lookup_volume, volume_xml
 from proxyinfra.names import overlay_volume, proxy_id
 from tests.harness.engine import (
     DYNAMIC_TYPE,
@@ -26,8 +26,8 @@ from tests.harness.engine import (
     provider_inputs,
 )
 from tests.harness.program import run_program
-from tests.integration.conftest import Testbed, load_testbed
 from tests.integration.test_transport import access_for
+from tests.support.testbed import Testbed, load_testbed
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)

@@ -28,8 +28,8 @@ from tests.harness.engine import (
     provider_inputs,
 )
 from tests.harness.program import run_program
-from tests.integration.conftest import Testbed, load_testbed
 from tests.integration.test_transport import access_for
+from tests.support.testbed import Testbed, load_testbed
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)

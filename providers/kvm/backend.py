@@ -1,0 +1,141 @@
+"""The kvm backend of the fleet: per host one BaseImage per image in use; per
+proxy an Overlay, a SeedIso and a ProxyDomain, whose address goes into the
+manifest."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pulumi
+
+from providers.kvm.access import HostAccess
+from providers.kvm.baseimage import BaseImage
+from providers.kvm.domain import ProxyDomain
+from providers.kvm.overlay import Overlay
+from providers.kvm.seediso import SeedIso
+from proxyinfra.backend import Endpoint, ProxyRequest
+from proxyinfra.cloudinit import render_meta_data, render_user_data
+from proxyinfra.config import KvmHost, KvmImage, KvmProviderEntry
+from proxyinfra.names import overlay_volume, seed_volume
+from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
+
+SHUTDOWN_TIMEOUT_SECONDS = 60
+
+
+def _host(provider: KvmProviderEntry, zone: str | None) -> KvmHost:
+    hosts = provider.kvm.hosts
+    return next(h for h in hosts if h.name == zone) if zone else hosts[0]
+
+
+def _image(provider: KvmProviderEntry, key: str) -> KvmImage:
+    # Validation guarantees a key of `images` or an http(s) URL.
+    return provider.kvm.images.get(key) or KvmImage(url=key)
+
+
+class KvmBackend:
+    provisions = True
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self._bases: dict[tuple[str, str, str, str | None], BaseImage] = {}
+
+    def base_image(self, provider: KvmProviderEntry, host: KvmHost, image: KvmImage) -> BaseImage:
+        """One per host and image, shared by every proxy on that host."""
+        key = (provider.name, host.name, image.url, image.sha256)
+        if key not in self._bases:
+            access = HostAccess.of(provider, host, self.base_dir)
+            digest = hashlib.sha256(f"{image.url}\0{image.sha256}".encode()).hexdigest()[:10]
+            self._bases[key] = BaseImage(
+                f"{provider.name}-{host.name}-image-{digest}",
+                host=access,
+                url=image.url,
+                sha256=image.sha256,
+                format=image.format,
+            )
+        return self._bases[key]
+
+    def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint:
+        replica = request.replica
+        provider = replica.provider
+        assert isinstance(provider, KvmProviderEntry)
+        placement = replica.entry.placement
+        host = _host(provider, placement.zone)
+        access = HostAccess.of(provider, host, self.base_dir)
+        image = _image(provider, placement.image or "")
+        machine = provider.kvm.machine_types[placement.machine_type or ""]
+        base = self.base_image(provider, host, image)
+        child = pulumi.ResourceOptions(parent=parent)
+
+        overlay = Overlay(
+            f"{replica.name}-overlay",
+            host=access,
+            name=overlay_volume(request.id),
+            base_path=base.path,
+            base_format=image.format,
+            size_gb=provider.kvm.disk_size_gb,
+            opts=child,
+        )
+        user_data = self._user_data(request)
+        # A new instance-id with new user-data, so cloud-init runs it again.
+        instance_id = user_data.apply(
+            lambda text: f"{request.id}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+        )
+        seed = SeedIso(
+            f"{replica.name}-seed",
+            host=access,
+            name=seed_volume(request.id),
+            user_data=user_data,
+            meta_data=instance_id.apply(lambda iid: render_meta_data(iid, request.id)),
+            vendor_data=provider.kvm.vendor_data,
+            opts=child,
+        )
+        domain = ProxyDomain(
+            f"{replica.name}-domain",
+            {
+                "host": access.to_props(),
+                "name": request.id,
+                "project": request.project,
+                "stack": request.stack,
+                "logicalName": replica.name,
+                "memoryMib": machine.memory_mb,
+                "vcpus": machine.cpus,
+                "domainType": host.domain_type,
+                "cpuMode": host.cpu_mode,
+                "firmware": image.firmware,
+                "diskPath": overlay.path,
+                "seedPath": seed.path,
+                "network": host.network,
+                "bridge": host.bridge,
+                "baseVolume": base.volume,
+                "seedSha256": seed.sha256,
+                "ipTimeoutSeconds": provider.kvm.ip_timeout_seconds,
+                "shutdownTimeoutSeconds": SHUTDOWN_TIMEOUT_SECONDS,
+            },
+            child,
+        )
+        creds = request.credentials
+        return Endpoint(
+            host=domain.ip,
+            port=request.squid.port,
+            zone=host.name,
+            username=creds.username if creds else None,
+            password=creds.password if creds else None,
+        )
+
+    @staticmethod
+    def _user_data(request: ProxyRequest) -> pulumi.Output[str]:
+        squid_conf = render_squid_conf(settings_from_config(request.squid))
+        own = request.replica.entry.user_data
+        creds = request.credentials
+        if creds is None:
+            return pulumi.Output.secret(
+                render_user_data(squid_conf, None, own, hostname=request.id)
+            )
+        return pulumi.Output.secret(
+            creds.password_hash.apply(
+                lambda digest: render_user_data(
+                    squid_conf, password_file_line(creds.username, digest), own, hostname=request.id
+                )
+            )
+        )
