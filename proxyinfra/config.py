@@ -12,7 +12,14 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -92,36 +99,89 @@ class KvmProvider(Model):
 
 # --- gcp -------------------------------------------------------------------
 
+GCP_IMAGE_PATTERN = r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/global/images/(family/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""A public (or own) image: ``projects/P/global/images/family/F`` or ``.../images/NAME``."""
+
+# Images from these projects ship cloud-init (reading the `user-data` metadata
+# key); Debian's and most others only have Google's guest agent, which runs a
+# `startup-script`.
+CLOUD_INIT_IMAGE_PROJECTS = ("ubuntu-os-cloud", "ubuntu-os-pro-cloud")
+
+Bootstrap = Literal["cloud-init", "startup-script"]
+
+
+def _image_shorthand(value: object) -> object:
+    # `images: {debian-12: projects/...}` is short for `{image: projects/...}`.
+    return {"image": value} if isinstance(value, str) else value
+
+
+class GcpImage(Model):
+    image: Annotated[str, Field(pattern=GCP_IMAGE_PATTERN)]
+    # None: cloud-init for the projects in CLOUD_INIT_IMAGE_PROJECTS, else a startup script.
+    bootstrap: Bootstrap | None = None
+
+    @property
+    def bootstrap_method(self) -> Bootstrap:
+        return self.bootstrap or image_bootstrap(self.image)
+
+
+def image_bootstrap(image: str) -> Bootstrap:
+    """How squid gets onto a VM booted from this image path."""
+    project = image.split("/")[1] if image.startswith("projects/") else ""
+    return "cloud-init" if project in CLOUD_INIT_IMAGE_PROJECTS else "startup-script"
+
 
 class GcpProvider(Model):
-    project: Annotated[str, Field(min_length=1)]
-    region: Annotated[str, Field(min_length=1)]
+    project: Annotated[str, Field(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")]
+    region: Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")]
     zones: list[str] = Field(default_factory=list)
-    network: str = "default"
+    network: Annotated[str, Field(min_length=1)] = "default"
     subnetwork: str | None = None
-    machine_types: list[str] = Field(default_factory=lambda: ["e2-micro", "e2-small"])
-    images: dict[str, str] = Field(
+    machine_types: Annotated[list[str], Field(min_length=1)] = Field(
+        default_factory=lambda: ["e2-micro", "e2-small"]
+    )
+    images: dict[str, Annotated[GcpImage, BeforeValidator(_image_shorthand)]] = Field(
         default_factory=lambda: {
-            "debian-12": "projects/debian-cloud/global/images/family/debian-12"
+            "debian-12": GcpImage(image="projects/debian-cloud/global/images/family/debian-12")
         }
     )
-    boot_disk_size_gb: Annotated[int, Field(ge=10)] = 10
+    boot_disk_size_gb: Annotated[int, Field(ge=10, le=65536)] = 10
     static_ip: bool = False
 
 
 # --- kubernetes --------------------------------------------------------------
 
+# Canonical's squid image (squid 6 on Ubuntu 24.04). The tag alone moves with
+# Ubuntu's security updates and old tags get deleted; the digest fixes the
+# exact image that was tested and reviewed.
+DEFAULT_SQUID_IMAGE = (
+    "ubuntu/squid:6.6-24.04_edge"
+    "@sha256:8a3baed477e2c282ab8aa5edad442f69873246964f225c5c2ae8364b6610963c"
+)
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
 
 class KubernetesProvider(Model):
     namespace: Name = "egress-proxies"
+    # True: the stack creates (and on destroy deletes) the namespace; False: it
+    # must exist, e.g. made by the cluster's admins.
+    create_namespace: bool = True
     kubeconfig: str | None = None
     context: str | None = None
-    image: str = "ubuntu/squid:5.7-22.10_beta"
-    service_type: Literal["ClusterIP", "LoadBalancer", "NodePort"] = "ClusterIP"
-    cpu_request: str = "50m"
-    cpu_limit: str = "500m"
-    memory_request: str = "64Mi"
-    memory_limit: str = "256Mi"
+    image: Annotated[str, Field(pattern=r"^[^\s]+$")] = DEFAULT_SQUID_IMAGE
+    # NodePort is left out on purpose: no single address would reach the proxy.
+    service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
+    cluster_domain: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] = (
+        "cluster.local"
+    )
+    # Namespaces whose pods the NetworkPolicy admits besides allowedClients'
+    # CIDRs (some CNIs, e.g. Cilium, do not match pod IPs against ipBlock).
+    client_namespaces: list[Name] = Field(default_factory=list)
+    cpu_request: Quantity = "50m"
+    cpu_limit: Quantity = "500m"
+    memory_request: Quantity = "64Mi"
+    memory_limit: Quantity = "256Mi"
 
 
 # --- provider entries --------------------------------------------------------

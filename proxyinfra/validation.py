@@ -22,9 +22,19 @@ import pulumi
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from proxyinfra.cloudchecks import (
+    GcpTargets,
+    check_gcp_placement,
+    check_gcp_provider,
+    check_kubernetes_placement,
+    check_kubernetes_provider,
+    client_ranges,
+)
 from proxyinfra.config import (
+    GCP_IMAGE_PATTERN,
     NAME_PATTERN,
     PROVIDER_TYPES,
+    QUANTITY_PATTERN,
     ExternalProviderEntry,
     GcpProviderEntry,
     KubernetesProviderEntry,
@@ -37,6 +47,9 @@ from proxyinfra.config import (
 TOP_LEVEL_KEYS = ("providers", "proxies", "squid")
 PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
+    GCP_IMAGE_PATTERN: "must be an image path projects/P/global/images/family/F "
+    "or projects/P/global/images/NAME",
+    QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 1, 64Mi or 1Gi",
 }
 _VALUE_SHOWN = 60
 
@@ -191,8 +204,15 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     squid = _parse_squid(raw.get("squid"), c)
 
     for name, provider in providers.items():
+        path = _provider_path(raw, name)
         if isinstance(provider, KvmProviderEntry):
-            _check_kvm_provider(provider, _provider_path(raw, name), base_dir, c)
+            _check_kvm_provider(provider, path, base_dir, c)
+        elif isinstance(provider, GcpProviderEntry):
+            check_gcp_provider(provider, path, c)
+        elif isinstance(provider, KubernetesProviderEntry):
+            kubeconfig = provider.kubernetes.kubeconfig
+            resolved = resolve_path(kubeconfig, base_dir) if kubeconfig is not None else None
+            check_kubernetes_provider(provider, path, resolved, c)
     _check_proxies(proxies, providers, broken, c)
     if squid is not None:
         _check_squid(squid, proxies, providers, c)
@@ -324,6 +344,8 @@ def _check_proxies(
             entry = broken[proxy.provider]
             if entry.get("type") == "kvm":
                 _check_kvm_placement(proxy, _KvmTargets.of_raw(proxy.provider, entry), path, c)
+            elif entry.get("type") == "gcp":
+                check_gcp_placement(proxy, GcpTargets.of_raw(proxy.provider, entry), path, c)
             continue
         if provider is None:
             known = ", ".join(providers) or "none defined"
@@ -343,9 +365,9 @@ def _check_proxies(
             if isinstance(provider, KvmProviderEntry):
                 _check_kvm_placement(proxy, _KvmTargets.of(provider), path, c)
             elif isinstance(provider, GcpProviderEntry):
-                _check_gcp_placement(proxy, provider, path, c)
+                check_gcp_placement(proxy, GcpTargets.of(provider), path, c)
             elif isinstance(provider, KubernetesProviderEntry):
-                _check_kubernetes_placement(proxy, path, c)
+                check_kubernetes_placement(proxy, path, c)
             names = [f"{proxy.name}-{r}" for r in range(proxy.replica_count)]
         for name in names:
             if name in replica_names:
@@ -473,46 +495,6 @@ def _is_http_url(value: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
-def _check_gcp_placement(
-    proxy: ProxyEntry, provider: GcpProviderEntry, path: str, c: _Collector
-) -> None:
-    gcp = provider.gcp
-    placement = proxy.placement
-    if placement.region is not None and placement.region != gcp.region:
-        c.add(
-            f"{path}.placement.region",
-            f"provider {provider.name!r} is in region {gcp.region!r} (got {placement.region!r})",
-        )
-    zone = placement.zone
-    if zone is not None:
-        if gcp.zones and zone not in gcp.zones:
-            c.add(
-                f"{path}.placement.zone", f"unknown zone {zone!r} (zones: {', '.join(gcp.zones)})"
-            )
-        elif not gcp.zones and not zone.startswith(f"{gcp.region}-"):
-            c.add(f"{path}.placement.zone", f"zone {zone!r} is not in region {gcp.region!r}")
-    _one_of(
-        placement.machine_type,
-        gcp.machine_types,
-        "machineTypes",
-        f"{path}.placement.machineType",
-        c,
-    )
-    image = placement.image
-    if image is not None and image not in gcp.images and not image.startswith("projects/"):
-        c.add(
-            f"{path}.placement.image",
-            f"unknown image {image!r} (images: {', '.join(gcp.images)}; or projects/.../family/...)",
-        )
-
-
-def _check_kubernetes_placement(proxy: ProxyEntry, path: str, c: _Collector) -> None:
-    placement = proxy.placement
-    for key, value in (("machineType", placement.machine_type), ("image", placement.image)):
-        if value is not None:
-            c.add(f"{path}.placement.{key}", f"not used by kubernetes proxies (got {value!r})")
-
-
 def _check_squid(
     squid: Squid,
     proxies: list[tuple[int, ProxyEntry]],
@@ -527,10 +509,23 @@ def _check_squid(
         c.add(
             "squid.allowedClients", "required: the CIDRs of the crawlers that may use the proxies"
         )
+    if squid.allow_open_proxy_to_the_internet:
+        return
+    # The same list opens squid, the GCP firewall and the Kubernetes
+    # NetworkPolicy / load balancer, so one flag governs all three.
+    hint = "set squid.allowOpenProxyToTheInternet: true if that is really meant"
+    whole = False
     for j, cidr in enumerate(squid.allowed_clients):
-        if ipaddress.ip_network(cidr).prefixlen == 0 and not squid.allow_open_proxy_to_the_internet:
+        if ipaddress.ip_network(cidr).prefixlen == 0:
+            whole = True
             c.add(
                 f"squid.allowedClients[{j}]",
-                f"{cidr!r} opens the proxies to the whole internet; set "
-                "squid.allowOpenProxyToTheInternet: true if that is really meant",
+                f"{cidr!r} opens the proxies to the whole internet; {hint}",
             )
+    everyone = client_ranges(squid.allowed_clients).everyone
+    if everyone and not whole:
+        c.add(
+            "squid.allowedClients",
+            f"together these admit every {' and '.join(everyone)} address, which opens the "
+            f"proxies to the whole internet; {hint}",
+        )

@@ -53,7 +53,6 @@ from providers.kvm.errors import HostResourceMissing, ImageError, InUseError
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
     MIB,
-    delete_volume,
     download_small,
     human,
     lookup_pool,
@@ -135,7 +134,7 @@ class BaseImageProvider(KvmProvider):
         try:
             image = self._fetch(conn, pool, access, props, log, made)
         except BaseException as error:
-            self._discard(props, made, error)
+            self._discard_base(props, made, error)
             raise
         return CreateResult(id_=props["volume"], outs=outputs(props, image, cached=False))
 
@@ -270,24 +269,12 @@ class BaseImageProvider(KvmProvider):
         """The last step of a fetch (a method so a test can make it fail)."""
         write_marker(conn, pool, name, digest, made)
 
-    def _discard(self, props: dict[str, Any], made: list[str], error: BaseException) -> None:
-        """Remove what a failed create made, by name on a fresh connection (the
-        old one may be what failed); never hides the original error."""
+    def _discard_base(self, props: dict[str, Any], made: list[str], error: BaseException) -> None:
+        """Name the image in a libvirt error, then remove what this create made."""
         access = self.access(props)
-        where = f"{access.where}: base image {props['volume']} in pool {access.pool!r}"
         if isinstance(error, libvirt.libvirtError):
-            error.add_note(where)
-        if not made:
-            return
-        try:
-            pool = lookup_pool(self.connection(props).libvirt(), access)
-            for name in reversed(made):  # the marker, if it got that far, first
-                delete_volume(pool, name)
-        except Exception as cleanup:
-            self.logger(access, props["volume"]).error(
-                "could not remove %s after a failed create: %s", ", ".join(made), cleanup
-            )
-            error.add_note(f"{where}: {', '.join(made)} may remain: {cleanup}")
+            error.add_note(f"{access.where}: base image {props['volume']} in pool {access.pool!r}")
+        self._discard(props, error, made)
 
 
 # -- inputs -------------------------------------------------------------------------------

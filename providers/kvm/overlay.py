@@ -236,19 +236,6 @@ class OverlayProvider(KvmProvider):
             info = parse_volume_xml(existing.XMLDesc(0))
         return info
 
-    def _discard(self, props: dict[str, Any], error: BaseException) -> None:
-        """Remove what a failed create made, by name on a fresh lookup (the
-        connection may be what failed); never hides the original error."""
-        access = self.access(props)
-        try:
-            conn = self.connection(props).libvirt()
-            delete_volume(lookup_pool(conn, access), props["name"])
-        except Exception as cleanup:
-            self.logger(access, props["name"]).error(
-                "could not remove the overlay after a failed create: %s", cleanup
-            )
-            error.add_note(f"{access.where}: volume {props['name']!r} may remain: {cleanup}")
-
 
 def _size_change(olds: dict[str, Any], new_size: Any) -> tuple[bool, bool]:
     """(size changes, needs a replacement). A smaller declared size replaces;

@@ -30,6 +30,29 @@ class KvmProvider(ResourceProvider):
         logs.configure()  # first call in the provider process sets levels from the env
         return connect(self.access(props))
 
+    def _discard(
+        self, props: dict[str, Any], error: BaseException, names: list[str] | None = None
+    ) -> None:
+        """Remove the volumes a failed create made (default: ``props["name"]``),
+        last made first, by name on a fresh lookup (the connection may be what
+        failed); never hides the original error, only adds a note when the
+        cleanup fails too."""
+        from providers.kvm.volumes import delete_volume, lookup_pool
+
+        access = self.access(props)
+        names = names if names is not None else [props["name"]]
+        if not names:
+            return
+        try:
+            pool = lookup_pool(self.connection(props).libvirt(), access)
+            for name in reversed(names):
+                delete_volume(pool, name)
+        except Exception as cleanup:
+            self.logger(access, names[0]).error(
+                "could not remove %s after a failed create: %s", ", ".join(names), cleanup
+            )
+            error.add_note(f"{access.where}: {', '.join(names)} may remain: {cleanup}")
+
     @staticmethod
     def logger(access: HostAccess, name: str) -> logging.LoggerAdapter[logging.Logger]:
         """`kvm` lines carrying provider, host and resource name."""

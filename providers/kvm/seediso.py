@@ -137,19 +137,6 @@ class SeedIsoProvider(KvmProvider):
         """Separate so a test can make the upload fail."""
         upload(conn, vol, [image], len(image))
 
-    def _discard(self, props: dict[str, Any], error: BaseException) -> None:
-        """Remove what a failed create made, by name on a fresh lookup (the
-        connection may be what failed); never hides the original error."""
-        access = self.access(props)
-        try:
-            conn = self.connection(props).libvirt()
-            delete_volume(lookup_pool(conn, access), props["name"])
-        except Exception as cleanup:
-            self.logger(access, props["name"]).error(
-                "could not remove the seed after a failed create: %s", cleanup
-            )
-            error.add_note(f"{access.where}: volume {props['name']!r} may remain: {cleanup}")
-
 
 def _secret(value: pulumi.Input[str] | None) -> pulumi.Input[str] | None:
     return None if value is None else pulumi.Output.secret(value)
