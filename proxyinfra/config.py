@@ -131,9 +131,13 @@ def image_bootstrap(image: str) -> Bootstrap:
     return "cloud-init" if project in CLOUD_INIT_IMAGE_PROJECTS else "startup-script"
 
 
+GCP_PROJECT_PATTERN = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
+GCP_REGION_PATTERN = r"^[a-z]+-[a-z]+[0-9]+$"
+
+
 class GcpProvider(Model):
-    project: Annotated[str, Field(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")]
-    region: Annotated[str, Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")]
+    project: Annotated[str, Field(pattern=GCP_PROJECT_PATTERN)]
+    region: Annotated[str, Field(pattern=GCP_REGION_PATTERN)]
     zones: list[str] = Field(default_factory=list)
     network: Annotated[str, Field(min_length=1)] = "default"
     subnetwork: str | None = None
@@ -159,6 +163,8 @@ DEFAULT_SQUID_IMAGE = (
     "@sha256:8a3baed477e2c282ab8aa5edad442f69873246964f225c5c2ae8364b6610963c"
 )
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+IMAGE_REF_PATTERN = r"^[^\s]+$"
+DOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 
 
@@ -169,12 +175,10 @@ class KubernetesProvider(Model):
     create_namespace: bool = True
     kubeconfig: str | None = None
     context: str | None = None
-    image: Annotated[str, Field(pattern=r"^[^\s]+$")] = DEFAULT_SQUID_IMAGE
+    image: Annotated[str, Field(pattern=IMAGE_REF_PATTERN)] = DEFAULT_SQUID_IMAGE
     # NodePort is left out on purpose: no single address would reach the proxy.
     service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
-    cluster_domain: Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] = (
-        "cluster.local"
-    )
+    cluster_domain: Annotated[str, Field(pattern=DOMAIN_PATTERN)] = "cluster.local"
     # Namespaces whose pods the NetworkPolicy admits besides allowedClients'
     # CIDRs (some CNIs, e.g. Cilium, do not match pod IPs against ipBlock).
     client_namespaces: list[Name] = Field(default_factory=list)

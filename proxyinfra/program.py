@@ -45,9 +45,16 @@ def _decode(key: str, value: Any) -> Any:
 
 
 def backends(base_dir: Path) -> Mapping[str, Backend]:
+    from providers.gcp import GcpBackend
+    from providers.kubernetes import KubernetesBackend
     from providers.kvm.backend import KvmBackend
 
-    return {"external": ExternalBackend(), "kvm": KvmBackend(base_dir)}
+    return {
+        "external": ExternalBackend(),
+        "kvm": KvmBackend(base_dir),
+        "gcp": GcpBackend(),
+        "kubernetes": KubernetesBackend(base_dir),
+    }
 
 
 def load(base_dir: Path | None = None) -> StackConfig:

@@ -31,7 +31,11 @@ from proxyinfra.cloudchecks import (
     client_ranges,
 )
 from proxyinfra.config import (
+    DOMAIN_PATTERN,
     GCP_IMAGE_PATTERN,
+    GCP_PROJECT_PATTERN,
+    GCP_REGION_PATTERN,
+    IMAGE_REF_PATTERN,
     NAME_PATTERN,
     PROVIDER_TYPES,
     QUANTITY_PATTERN,
@@ -50,6 +54,11 @@ PATTERN_WORDS = {
     GCP_IMAGE_PATTERN: "must be an image path projects/P/global/images/family/F "
     "or projects/P/global/images/NAME",
     QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 1, 64Mi or 1Gi",
+    GCP_PROJECT_PATTERN: "must be a GCP project id: 6-30 lowercase letters, digits or '-', "
+    "starting with a letter",
+    GCP_REGION_PATTERN: "must be a GCP region such as europe-west1",
+    IMAGE_REF_PATTERN: "must be a container image reference without spaces",
+    DOMAIN_PATTERN: "must be a DNS domain such as cluster.local",
 }
 _VALUE_SHOWN = 60
 
@@ -510,6 +519,14 @@ def _check_squid(
             "squid.allowedClients", "required: the CIDRs of the crawlers that may use the proxies"
         )
     if squid.allow_open_proxy_to_the_internet:
+        everyone = client_ranges(squid.allowed_clients).everyone
+        if everyone and provisioned:
+            c.warnings.append(
+                "squid.allowOpenProxyToTheInternet is true: squid, the GCP firewall rules and "
+                f"the Kubernetes NetworkPolicies admit every {' and '.join(everyone)} address "
+                "on the proxy port; anyone who finds a proxy can use it"
+                + ("" if squid.auth else ", and without squid.auth nothing stops them")
+            )
         return
     # The same list opens squid, the GCP firewall and the Kubernetes
     # NetworkPolicy / load balancer, so one flag governs all three.

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from proxyinfra.config import DEFAULT_VENDOR_DATA, KvmProviderEntry
+from proxyinfra.cloudchecks import ClientRanges, client_ranges
+from proxyinfra.config import (
+    DEFAULT_VENDOR_DATA,
+    GcpProviderEntry,
+    KubernetesProviderEntry,
+    KvmProviderEntry,
+)
 from proxyinfra.validation import ConfigError, validate
 
 
@@ -230,3 +236,224 @@ def test_user_data_must_be_cloud_config_mapping(keys: Path) -> None:
     assert errors_of(raw, keys) == ["proxies[0].userData: must be a YAML mapping (got list)"]
     raw["proxies"][0]["userData"] = "#cloud-config\npackages: [curl]\n"
     assert validate(raw, keys).proxies[0].user_data is not None
+
+
+# --- gcp and kubernetes ----------------------------------------------------------
+
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+
+
+def cloud_config() -> dict[str, Any]:
+    raw = good_config()
+    raw["providers"] += [
+        {
+            "name": "gcp-eu",
+            "type": "gcp",
+            "gcp": {
+                "project": "crawl-proj-1",
+                "region": "europe-west1",
+                "zones": ["europe-west1-b", "europe-west1-c"],
+                "machineTypes": ["e2-small"],
+                "images": {
+                    "debian": "projects/debian-cloud/global/images/family/debian-12",
+                    "ubuntu": {"image": UBUNTU},
+                },
+            },
+        },
+        {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
+    ]
+    raw["proxies"] += [
+        {
+            "name": "eu",
+            "provider": "gcp-eu",
+            "replicas": 2,
+            "placement": {"machineType": "e2-small", "image": "debian"},
+            "labels": {"site": "eu"},
+        },
+        {"name": "pods", "provider": "cluster", "labels": {"site": "Cluster.A"}},
+    ]
+    return raw
+
+
+def test_gcp_and_kubernetes_config_parses_with_defaults(keys: Path) -> None:
+    config = validate(cloud_config(), keys)
+    gcp = config.providers["gcp-eu"]
+    assert isinstance(gcp, GcpProviderEntry)
+    assert gcp.gcp.images["ubuntu"].bootstrap_method == "cloud-init"
+    assert gcp.gcp.images["debian"].bootstrap_method == "startup-script"
+    assert (gcp.gcp.network, gcp.gcp.boot_disk_size_gb, gcp.gcp.static_ip) == ("default", 10, False)
+    k8s = config.providers["cluster"]
+    assert isinstance(k8s, KubernetesProviderEntry)
+    assert k8s.kubernetes.create_namespace is True
+    assert k8s.kubernetes.service_type == "ClusterIP"
+    assert "@sha256:" in k8s.kubernetes.image
+    assert config.warnings == []
+    names = [r.name for r in config.replicas()]
+    assert names == ["home-0", "home-1", "corp-1", "eu-0", "eu-1", "pods-0"]
+
+
+def test_placement_errors_of_every_backend_in_one_list(keys: Path) -> None:
+    raw = cloud_config()
+    raw["proxies"][0]["placement"]["zone"] = "nas9"
+    raw["proxies"][2]["placement"] = {
+        "zone": "europe-west1-d",
+        "region": "us-east1",
+        "machineType": "n2-standard-64",
+        "image": "centos",
+    }
+    raw["proxies"][3]["placement"] = {"machineType": "big", "image": "x", "region": "r"}
+    assert errors_of(raw, keys) == [
+        "proxies[0].placement.zone: unknown host 'nas9' (hosts: nas1, nas2)",
+        "proxies[2].placement.region: provider 'gcp-eu' is in region 'europe-west1' (got 'us-east1')",
+        "proxies[2].placement.zone: unknown zone 'europe-west1-d' (zones: europe-west1-b, "
+        "europe-west1-c)",
+        "proxies[2].placement.machineType: unknown machineType 'n2-standard-64' "
+        "(machineTypes: e2-small)",
+        "proxies[2].placement.image: unknown image 'centos' (images: debian, ubuntu; or "
+        "projects/P/global/images/family/F)",
+        "proxies[3].placement.machineType: not used by kubernetes proxies (got 'big')",
+        "proxies[3].placement.image: not used by kubernetes proxies (got 'x')",
+        "proxies[3].placement.region: not used by kubernetes proxies (got 'r')",
+    ]
+
+
+def test_gcp_zone_and_image_defaults(keys: Path) -> None:
+    raw = cloud_config()
+    gcp = raw["providers"][2]["gcp"]
+    gcp["zones"] = ["europe-west1-b", "us-east1-b"]
+    del raw["proxies"][2]["placement"]["image"]
+    assert errors_of(raw, keys) == [
+        "providers[2].gcp.zones[1]: zone 'us-east1-b' is not in region 'europe-west1'",
+        "proxies[2].placement.image: required (images: debian, ubuntu; or "
+        "projects/P/global/images/family/F)",
+    ]
+    del gcp["zones"], gcp["images"]  # the default: debian-12 only, so no image needed
+    assert errors_of(raw, keys) == [
+        "proxies[2].placement.zone: required when provider 'gcp-eu' lists no zones "
+        "(or list gcp.zones to spread replicas over them)"
+    ]
+    raw["proxies"][2]["placement"]["zone"] = "europe-west4-a"
+    assert errors_of(raw, keys) == [
+        "proxies[2].placement.zone: zone 'europe-west4-a' is not in region 'europe-west1'"
+    ]
+    raw["proxies"][2]["placement"]["zone"] = "europe-west1-b"
+    raw["proxies"][2]["placement"]["image"] = (
+        "projects/rocky-linux-cloud/global/images/family/rocky-linux-9"
+    )
+    validate(raw, keys)
+
+
+def test_gcp_provider_fields(keys: Path) -> None:
+    raw = cloud_config()
+    gcp = raw["providers"][2]["gcp"]
+    gcp["project"] = "Crawl"
+    gcp["images"]["bad"] = "debian-cloud/debian-12"
+    gcp["bootDiskSizeGb"] = 5
+    assert errors_of(raw, keys) == [
+        "providers[2].gcp.project: must be a GCP project id: 6-30 lowercase letters, digits or "
+        "'-', starting with a letter (got 'Crawl')",
+        "providers[2].gcp.images.bad.image: must be an image path "
+        "projects/P/global/images/family/F or projects/P/global/images/NAME "
+        "(got 'debian-cloud/debian-12')",
+        "providers[2].gcp.bootDiskSizeGb: Input should be greater than or equal to 10 (got 5)",
+    ]
+
+
+def test_broken_gcp_provider_still_checks_its_proxies_placement(keys: Path) -> None:
+    raw = cloud_config()
+    raw["providers"][2]["gcp"]["staticIP"] = True
+    raw["proxies"][2]["placement"]["machineType"] = "e2-huge"
+    assert errors_of(raw, keys) == [
+        "providers[2].gcp.staticIP: unknown key (allowed: bootDiskSizeGb, images, machineTypes, "
+        "network, project, region, staticIp, subnetwork, zones); did you mean 'staticIp'?",
+        "proxies[2].placement.machineType: unknown machineType 'e2-huge' (machineTypes: e2-small)",
+    ]
+
+
+def test_user_data_needs_a_cloud_init_image(keys: Path) -> None:
+    raw = cloud_config()
+    raw["proxies"][2]["userData"] = "#cloud-config\npackages: [curl]\n"
+    assert errors_of(raw, keys) == [
+        "proxies[2].userData: needs an image with cloud-init; image "
+        "'projects/debian-cloud/global/images/family/debian-12' boots with a startup script "
+        "(set bootstrap: cloud-init on the image if it has cloud-init)"
+    ]
+    raw["proxies"][2]["placement"]["image"] = "ubuntu"
+    validate(raw, keys)
+    raw["proxies"][2]["placement"]["image"] = "debian"
+    raw["providers"][2]["gcp"]["images"]["debian"] = {
+        "image": "projects/debian-cloud/global/images/family/debian-12",
+        "bootstrap": "cloud-init",  # an own image built with cloud-init, say
+    }
+    validate(raw, keys)
+
+
+def test_cloud_label_values_follow_the_clouds_rules(keys: Path) -> None:
+    raw = cloud_config()
+    raw["proxies"][2]["labels"] = {"site": "EU West", "egress-proxies-stack": "x"}
+    raw["proxies"][3]["labels"] = {"site": "-edge-"}
+    assert errors_of(raw, keys) == [
+        "proxies[2].labels.site: GCP label values are lowercase letters, digits, '_' or '-', "
+        "at most 63 (got 'EU West')",
+        "proxies[2].labels.egress-proxies-stack: keys starting with 'egress-proxies' are the "
+        "proxies' own GCP labels",
+        "proxies[3].labels.site: Kubernetes label values are letters, digits, '-', '_' or '.', "
+        "alphanumeric at both ends, at most 63 (got '-edge-')",
+    ]
+
+
+def test_kubernetes_provider_fields(keys: Path) -> None:
+    raw = cloud_config()
+    k8s = raw["providers"][3]["kubernetes"]
+    k8s.update(
+        serviceType="NodePort",
+        cpuRequest="2",
+        cpuLimit="500m",
+        memoryLimit="lots",
+        kubeconfig="kube/missing",
+    )
+    errors = errors_of(raw, keys)
+    assert errors == [
+        "providers[3].kubernetes.serviceType: Input should be 'ClusterIP' or 'LoadBalancer' "
+        "(got 'NodePort')",
+        "providers[3].kubernetes.memoryLimit: must be a Kubernetes quantity such as 500m, 1, "
+        "64Mi or 1Gi (got 'lots')",
+    ]
+    del k8s["serviceType"], k8s["memoryLimit"]
+    assert errors_of(raw, keys) == [
+        f"providers[3].kubernetes.kubeconfig: file not found: {keys}/kube/missing",
+        "providers[3].kubernetes.cpuRequest: '2' is above cpuLimit '500m'; Kubernetes refuses "
+        "such a pod",
+    ]
+    (keys / "kube").mkdir()
+    (keys / "kube" / "missing").write_text("apiVersion: v1\n")
+    k8s.update(cpuRequest="250m", image="ubuntu/squid:latest")
+    config = validate(raw, keys)
+    assert config.warnings == [
+        "providers[3].kubernetes.image 'ubuntu/squid:latest' is not pinned (no @sha256 digest): "
+        "a tag can move, so pods may run an image nobody reviewed"
+    ]
+
+
+def test_clients_that_together_cover_everyone_are_refused(keys: Path) -> None:
+    raw = cloud_config()
+    raw["squid"] = {"allowedClients": ["0.0.0.0/1", "128.0.0.0/1"]}
+    assert errors_of(raw, keys) == [
+        "squid.allowedClients: together these admit every IPv4 address, which opens the proxies "
+        "to the whole internet; set squid.allowOpenProxyToTheInternet: true if that is really "
+        "meant"
+    ]
+    # squid sees IPv4 clients as IPv4-mapped IPv6, inside ::/1.
+    raw["squid"] = {"allowedClients": ["::/1", "8000::/1"]}
+    assert "every IPv4 and IPv6 address" in errors_of(raw, keys)[0]
+    raw["squid"]["allowOpenProxyToTheInternet"] = True
+    (warning,) = validate(raw, keys).warnings
+    assert "GCP firewall" in warning and "without squid.auth" in warning
+
+
+def test_client_ranges_split_families_the_way_squid_sees_them() -> None:
+    ranges = client_ranges(["10.0.0.0/8", "::ffff:10.1.0.0/112", "2001:db8::/32", "192.0.2.0/24"])
+    assert ranges == ClientRanges(v4=["10.0.0.0/8", "192.0.2.0/24"], v6=["2001:db8::/32"])
+    assert ranges.everyone == []
+    assert client_ranges(["::/1"]).v4 == ["0.0.0.0/0"]  # ::/1 holds every IPv4 client
+    assert client_ranges(["::/1"]).everyone == ["IPv4"]

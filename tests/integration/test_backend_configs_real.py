@@ -1,0 +1,391 @@
+"""What the gcp and kubernetes backends hand to real programs, run by those programs.
+
+The stack program runs once under mocks; then the Kubernetes ConfigMap's
+squid.conf and Secret run in a real squid 5.7 as the container would run
+them (as the unprivileged proxy user, with the container's arguments), the
+GCP startup script runs for real in a private mount namespace, and the GCP
+user-data goes through cloud-init's own schema check. All traffic stays on
+loopback.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+
+from providers.gcp.startup import render_startup_script
+from providers.kubernetes.container import (
+    CONFIG_DIR,
+    CONFIG_KEY,
+    SQUID_ARGS,
+    SQUID_COMMAND,
+    container_settings,
+)
+from proxyinfra.config import Squid
+from proxyinfra.squid import render_squid_conf, settings_from_config
+from tests.harness.program import ProgramResult, run_program
+from tests.integration.test_squid_real import EchoServer, assert_tunnel_works, squid_parse
+from tests.program.test_gcp_kubernetes import HOOK, UBUNTU
+from tests.support.squid import free_port
+
+pytestmark = pytest.mark.integration
+
+CLOUD_INIT = shutil.which("cloud-init") or "/usr/bin/cloud-init"
+SHELLCHECK = shutil.which("shellcheck")
+SQUID_USER = "proxy"
+# A lab squid block: loopback clients and targets, so a local echo server can
+# stand in for a site. 127.0.0.2 is loopback too, but not an allowed client.
+SQUID_BLOCK: dict[str, Any] = {
+    "allowedClients": ["127.0.0.1/32", "10.0.0.0/8"],
+    "connectPorts": ["1025-65535"],
+    "blockedDestinations": [],
+    "auth": {"username": "crawler"},
+}
+OWN_USER_DATA = "#cloud-config\npackages: [curl]\nruncmd: [[touch, /run/own-user-data]]\n"
+
+
+def config() -> dict[str, Any]:
+    gcp = {
+        "project": "crawl-proj-1",
+        "region": "europe-west1",
+        "zones": ["europe-west1-b"],
+        "images": {
+            "debian": "projects/debian-cloud/global/images/family/debian-12",
+            "ubuntu": UBUNTU,
+        },
+    }
+    return {
+        "providers": [
+            {"name": "gcp", "type": "gcp", "gcp": gcp},
+            {"name": "cluster", "type": "kubernetes", "kubernetes": {}},
+        ],
+        "proxies": [
+            {
+                "name": "vm",
+                "provider": "gcp",
+                "placement": {"machineType": "e2-micro", "image": "debian"},
+            },
+            {
+                "name": "ubuntu",
+                "provider": "gcp",
+                "placement": {"machineType": "e2-micro", "image": "ubuntu"},
+                "userData": OWN_USER_DATA,
+            },
+            {"name": "pod", "provider": "cluster"},
+        ],
+        "squid": SQUID_BLOCK,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Produced:
+    """What the program handed to the clouds, per proxy."""
+
+    result: ProgramResult
+
+    def inputs(self, name: str) -> dict[str, Any]:
+        return self.result.resource(name).inputs
+
+    def password(self, replica: str) -> str:
+        entry = next(p for p in self.result.output("fleet")["proxies"] if p["name"] == replica)
+        password: str = entry["auth"]["password"]
+        return password
+
+
+@pytest.fixture(scope="module")
+def produced() -> Produced:
+    return Produced(run_program("proxyinfra.program:main", config(), new_resource_hook=HOOK))
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[EchoServer]:
+    server = EchoServer()
+    yield server
+    server.close()
+
+
+# --- kubernetes: the ConfigMap and Secret in a real squid ------------------------
+
+
+def test_config_map_squid_conf_parses(produced: Produced, tmp_path: Path) -> None:
+    conf = tmp_path / "squid.conf"
+    conf.write_text(produced.inputs("pod-0-squid-conf")["data"][CONFIG_KEY])
+    code, findings = squid_parse(conf)
+    assert code == 0 and findings == []
+
+
+class ContainerSquid:
+    """squid started the way the pod starts it: as the proxy user, with the
+    container's command and arguments; only the paths move into a directory
+    of its own, standing in for the pod's volumes."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="egress-k8s-squid-"))
+        os.chmod(self.dir, 0o755)
+        self.user = pwd.getpwnam(SQUID_USER)
+        for sub in ("run", "spool"):  # the pod's emptyDirs, writable by squid
+            (self.dir / sub).mkdir()
+            os.chown(self.dir / sub, self.user.pw_uid, self.user.pw_gid)
+        self.stderr = self.dir / "stderr"
+        self.service = "egk8s" + os.urandom(5).hex()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def paths(self) -> dict[str, str]:
+        """The renderer's path overrides for this directory."""
+        return {
+            "password_file": str(self.dir / "passwords"),
+            "pid_file": str(self.dir / "run" / "squid.pid"),
+            "coredump_dir": str(self.dir / "spool"),
+        }
+
+    def start(self, squid_conf: str, passwords: str) -> None:
+        conf = self.dir / CONFIG_KEY
+        conf.write_text(squid_conf)
+        os.chmod(conf, 0o444)
+        secret = self.dir / "passwords"
+        secret.write_text(passwords)
+        # As the Secret volume mounts it: owner root, group fsGroup, 0440.
+        os.chown(secret, 0, self.user.pw_gid)
+        os.chmod(secret, 0o440)
+        args = [conf.as_posix() if a == f"{CONFIG_DIR}/{CONFIG_KEY}" else a for a in SQUID_ARGS]
+        with self.stderr.open("wb") as err:
+            self.process = subprocess.Popen(
+                [*SQUID_COMMAND, *args, "-n", self.service],
+                user=self.user.pw_uid,
+                group=self.user.pw_gid,
+                extra_groups=[],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            # With cache_log /dev/null, `-d 1` puts this on stderr: what
+            # `kubectl logs` shows.
+            if b"Accepting HTTP Socket connections" in self.stderr.read_bytes():
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"squid did not start:\n{self.stderr.read_text(errors='replace')}")
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for path in Path("/dev/shm").glob(f"{self.service}-*"):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def connect_from(
+    source: str, port: int, target: int, credentials: tuple[str, str] | None
+) -> tuple[int, socket.socket]:
+    """CONNECT 127.0.0.1:target through the proxy from a chosen loopback address."""
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    request = f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nHost: 127.0.0.1:{target}\r\n"
+    if credentials is not None:
+        token = base64.b64encode(":".join(credentials).encode()).decode()
+        request += f"Proxy-Authorization: Basic {token}\r\n"
+    sock.sendall((request + "\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return int(head.split(b" ", 2)[1]), sock
+
+
+def test_config_map_and_secret_run_in_squid_as_the_container_would(
+    produced: Produced, echo: EchoServer
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("starting squid as the proxy user needs root")
+    config_map = produced.inputs("pod-0-squid-conf")["data"][CONFIG_KEY]
+    squid = Squid.model_validate(SQUID_BLOCK)
+    # The ConfigMap is exactly the renderer's output for the container...
+    settings = container_settings(squid)
+    assert render_squid_conf(settings) == config_map
+    # ...so the same settings with this machine's paths and a free loopback
+    # port are the ConfigMap's config, running here.
+    running = ContainerSquid()
+    try:
+        port = free_port()
+        here = dataclasses.replace(
+            settings, listen_address="127.0.0.1", port=port, **running.paths()
+        )
+        running.start(
+            render_squid_conf(here), produced.inputs("pod-0-auth")["stringData"]["passwords"]
+        )
+        password = produced.password("pod-0")
+
+        status, sock = connect_from("127.0.0.1", port, echo.port, ("crawler", password))
+        assert status == 200
+        assert_tunnel_works(sock)
+        for credentials in (("crawler", password + "x"), ("crawler", "nope"), None):
+            status, sock = connect_from("127.0.0.1", port, echo.port, credentials)
+            sock.close()
+            assert status == 407, credentials
+        # 127.0.0.2 is not an allowed client: 403, even with the right password.
+        status, sock = connect_from("127.0.0.2", port, echo.port, ("crawler", password))
+        sock.close()
+        assert status == 403
+        assert (running.dir / "run" / "squid.pid").exists()  # squid wrote its emptyDir
+
+        # A Secret update swaps the mounted file; squid's helper re-reads it
+        # without a restart (the reason it is mounted as a directory).
+        time.sleep(1.1)  # the helper compares mtimes in whole seconds
+        rotated = running.dir / "passwords.new"
+        digest = bcrypt.hashpw(b"rotated", bcrypt.gensalt(rounds=4)).decode()
+        rotated.write_text(f"crawler:{digest}\n")
+        os.chown(rotated, 0, running.user.pw_gid)
+        os.chmod(rotated, 0o440)
+        rotated.replace(running.dir / "passwords")
+        status, sock = connect_from("127.0.0.1", port, echo.port, ("crawler", "rotated"))
+        sock.close()
+        assert status == 200
+    finally:
+        running.close()
+
+
+# --- gcp: the startup script and the user-data -----------------------------------
+
+
+def startup_script(produced: Produced) -> str:
+    script: str = produced.inputs("vm-0-instance")["metadata"]["startup-script"]
+    return script
+
+
+def test_startup_script_passes_bash_and_shellcheck(produced: Produced, tmp_path: Path) -> None:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(produced))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if SHELLCHECK is None:
+        pytest.skip("shellcheck is not installed")
+    result = subprocess.run([SHELLCHECK, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def run_startup_script(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the script as the guest agent would (root, bash), in a private mount
+    namespace whose /etc/squid is an empty tmpfs; systemctl is a stub that logs."""
+    out = tmp / "out"
+    stubs = tmp / "bin"
+    out.mkdir()
+    stubs.mkdir()
+    (stubs / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {out}/systemctl.log\n')
+    (stubs / "systemctl").chmod(0o755)
+    (tmp / "startup.sh").write_text(script)
+    inside = f"""
+set -e
+mount -t tmpfs -o mode=0755 tmpfs /etc/squid
+code=0
+PATH={stubs}:$PATH bash {tmp}/startup.sh || code=$?
+ls -A /etc/squid > {out}/listing
+for f in /etc/squid/*; do
+    stat -c '%n %a %U %G' "$f" >> {out}/stat
+    cp "$f" {out}/
+done
+exit $code
+"""
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", inside],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result, out
+
+
+@pytest.fixture
+def namespaces() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private mount namespace")
+    if not Path("/etc/squid").is_dir():
+        pytest.skip("/etc/squid is missing (the mount point)")
+
+
+@pytest.mark.usefixtures("namespaces")
+def test_startup_script_writes_the_files_and_restarts_squid(
+    produced: Produced, tmp_path: Path
+) -> None:
+    result, out = run_startup_script(startup_script(produced), tmp_path)
+    assert result.returncode == 0, result.stderr
+    # squid was already installed here, so apt-get was skipped; its own
+    # `squid -k parse` passed (set -e), then squid was (re)started.
+    assert (out / "systemctl.log").read_text() == "enable squid\nrestart squid\n"
+    assert (out / "listing").read_text().split() == ["passwords", "squid.conf"]  # no temp files
+    assert (out / "stat").read_text().splitlines() == [
+        "/etc/squid/passwords 640 root proxy",
+        "/etc/squid/squid.conf 644 root root",
+    ]
+    expected = render_squid_conf(settings_from_config(Squid.model_validate(SQUID_BLOCK)))
+    assert (out / "squid.conf").read_text() == expected
+    user, _, digest = (out / "passwords").read_text().rstrip("\n").partition(":")
+    assert user == "crawler"
+    assert bcrypt.checkpw(produced.password("vm-0").encode(), digest.encode())
+
+
+@pytest.mark.usefixtures("namespaces")
+def test_startup_script_stops_before_restarting_on_a_broken_config(tmp_path: Path) -> None:
+    result, out = run_startup_script(render_startup_script("bogus_directive on\n", None), tmp_path)
+    assert result.returncode != 0
+    assert not (out / "systemctl.log").exists()  # squid keeps running its old config
+
+
+def test_user_data_passes_cloud_init_schema_and_squid_parse(
+    produced: Produced, tmp_path: Path
+) -> None:
+    text = produced.inputs("ubuntu-0-instance")["metadata"]["user-data"]
+    user_data = tmp_path / "user-data"
+    user_data.write_text(text)
+    result = subprocess.run(
+        [CLOUD_INIT, "schema", "--config-file", str(user_data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Valid cloud-config" in result.stdout
+    document = yaml.safe_load(text)
+    files = {f["path"]: f for f in document["write_files"]}
+    conf = tmp_path / "squid.conf"
+    conf.write_text(files["/etc/squid/squid.conf"]["content"])
+    code, findings = squid_parse(conf)
+    assert code == 0 and findings == []
+    digest = files["/etc/squid/passwords"]["content"].rstrip("\n").partition(":")[2]
+    assert bcrypt.checkpw(produced.password("ubuntu-0").encode(), digest.encode())
+    assert ["touch", "/run/own-user-data"] in document["runcmd"]  # the user's, merged in
+
+
+def test_startup_script_refuses_what_would_break_it() -> None:
+    conf = render_squid_conf(settings_from_config(Squid.model_validate(SQUID_BLOCK)))
+    with pytest.raises(ValueError, match="reads /etc/squid/passwords"):
+        render_startup_script(conf, None)  # squid would not start without the file
+    with pytest.raises(ValueError, match="holds the line 'EGRESS_PROXIES_EOF'"):
+        render_startup_script("http_port 3128\nEGRESS_PROXIES_EOF\n", None)
+    with pytest.raises(ValueError, match="must end with a newline"):
+        render_startup_script("http_port 3128", None)

@@ -1,0 +1,525 @@
+"""The stack program under mocks with kvm, gcp, kubernetes and external proxies:
+what the gcp and kubernetes backends register, and the manifest.
+
+The mock hook stands in for the clouds: it gives instances and addresses their
+external IPs, LoadBalancer Services their ingress, and the credentials (a
+dynamic resource that is not run here) a password with its real bcrypt hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import jsonschema
+import pytest
+import yaml
+from pulumi.runtime.mocks import MockResourceArgs
+
+from providers.gcp.labels import network_tag
+from providers.gcp.startup import render_startup_script
+from providers.kubernetes.container import SQUID_ARGS, container_settings
+from proxyinfra.cloudinit import render_user_data
+from proxyinfra.config import Squid
+from proxyinfra.fleet import PROXY_TYPE
+from proxyinfra.manifest import load_schema
+from proxyinfra.names import proxy_id
+from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
+from tests.harness.program import ProgramResult, RegisteredResource, run_program
+
+PROGRAM = "proxyinfra.program:main"
+HOOK = "tests.program.test_gcp_kubernetes:mock_resource"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+INSTANCE = "gcp:compute/instance:Instance"
+ADDRESS = "gcp:compute/address:Address"
+FIREWALL = "gcp:compute/firewall:Firewall"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+SECRET = "kubernetes:core/v1:Secret"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+SERVICE = "kubernetes:core/v1:Service"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
+UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+OWN_USER_DATA = "#cloud-config\npackages: [curl]\n"
+
+
+# --- the clouds, mocked ------------------------------------------------------
+
+
+def _ip(prefix: str, name: str) -> str:
+    return f"{prefix}.{int(hashlib.sha256(name.encode()).hexdigest()[:4], 16) % 250 + 2}"
+
+
+def mock_resource(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
+    """Outputs the real providers would add (runs in the program's process)."""
+    outputs = dict(args.inputs)
+    if args.typ == DYNAMIC and args.name.endswith("-credentials"):
+        password = "pw-" + hashlib.sha256(args.name.encode()).hexdigest()[:16]
+        digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        outputs.update(password=password, password_hash=digest)
+    elif args.typ == DYNAMIC:  # kvm's BaseImage, Overlay, SeedIso, ProxyDomain
+        outputs.update(path=f"/pool/{args.name}", volume=args.name, sha256="0" * 64)
+        outputs.update(ip=_ip("192.168.1", args.name))
+    elif args.typ == ADDRESS:
+        outputs["address"] = _ip("203.0.113", args.name)
+    elif args.typ == INSTANCE:
+        for nic in outputs.get("networkInterfaces", []):
+            for config in nic.get("accessConfigs", []):
+                config.setdefault("natIp", _ip("198.51.100", args.name))
+    elif args.typ == SERVICE and outputs["spec"]["type"] == "LoadBalancer":
+        outputs["status"] = {"loadBalancer": {"ingress": [{"ip": _ip("192.0.2", args.name)}]}}
+    else:
+        return None
+    return f"{args.name}-id", outputs
+
+
+# --- the fleet -----------------------------------------------------------------
+
+SQUID: dict[str, Any] = {
+    "port": 3129,
+    "allowedClients": ["10.8.0.0/16", "192.0.2.0/24", "2001:db8::/32", "::ffff:10.10.0.0/112"],
+    "auth": {"username": "crawler"},
+}
+
+
+def fleet_config(keys: Path) -> dict[str, Any]:
+    return {
+        "providers": [
+            {
+                "name": "home",
+                "type": "kvm",
+                "kvm": {
+                    "sshKeyFile": str(keys / "key"),
+                    "knownHostsFile": str(keys / "known"),
+                    "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
+                    "machineTypes": {"s": {"cpus": 1, "memoryMb": 512}},
+                    "hosts": [{"name": "nas1", "address": "192.0.2.1", "network": "n"}],
+                },
+            },
+            {
+                "name": "gcp-eu",
+                "type": "gcp",
+                "gcp": {
+                    "project": "crawl-proj-1",
+                    "region": "europe-west1",
+                    "zones": ["europe-west1-b", "europe-west1-c"],
+                    "network": "crawl-vpc",
+                    "subnetwork": "proxies-eu",
+                    "machineTypes": ["e2-small"],
+                    "images": {"debian": DEBIAN, "ubuntu": {"image": UBUNTU}},
+                    "bootDiskSizeGb": 20,
+                    "staticIp": True,
+                },
+            },
+            {
+                "name": "gcp-us",
+                "type": "gcp",
+                "gcp": {"project": "crawl-proj-2", "region": "us-central1"},
+            },
+            {
+                "name": "cluster",
+                "type": "kubernetes",
+                "kubernetes": {
+                    "namespace": "egress",
+                    "clientNamespaces": ["crawlers"],
+                    "cpuLimit": "1",
+                    "memoryLimit": "128Mi",
+                },
+            },
+            {
+                "name": "edge",
+                "type": "kubernetes",
+                "kubernetes": {
+                    "namespace": "edge-proxies",
+                    "createNamespace": False,
+                    "serviceType": "LoadBalancer",
+                    "context": "edge-ctx",
+                },
+            },
+            {"name": "corp", "type": "external"},
+        ],
+        "proxies": [
+            {"name": "home", "provider": "home", "placement": {"machineType": "s", "image": "d"}},
+            {
+                "name": "eu",
+                "provider": "gcp-eu",
+                "replicas": 3,
+                "placement": {"machineType": "e2-small", "image": "debian"},
+                "labels": {"site": "eu"},
+            },
+            {
+                "name": "eu-ubuntu",
+                "provider": "gcp-eu",
+                "placement": {
+                    "zone": "europe-west1-c",
+                    "machineType": "e2-small",
+                    "image": "ubuntu",
+                },
+                "userData": OWN_USER_DATA,
+            },
+            {
+                "name": "us",
+                "provider": "gcp-us",
+                "placement": {"zone": "us-central1-a", "machineType": "e2-micro"},
+            },
+            {
+                "name": "pods",
+                "provider": "cluster",
+                "replicas": 2,
+                "placement": {"zone": "europe-west1-b"},
+                "labels": {"site": "cluster"},
+            },
+            {"name": "edge", "provider": "edge"},
+            {"name": "corp-1", "provider": "corp", "url": "http://10.0.0.5:3128"},
+        ],
+        "squid": SQUID,
+    }
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> ProgramResult:
+    keys = tmp_path_factory.mktemp("keys")
+    (keys / "key").write_text("k")
+    (keys / "known").write_text("k")
+    return run_program(PROGRAM, fleet_config(keys), new_resource_hook=HOOK).raise_for_error()
+
+
+def pid(name: str) -> str:
+    return proxy_id("egress-proxies", "dev", name)
+
+
+def by_name(result: ProgramResult, type_: str) -> dict[str, RegisteredResource]:
+    return {r.name: r for r in result.resources_of_type(type_)}
+
+
+def passwords(result: ProgramResult) -> dict[str, tuple[str, str]]:
+    """Replica name -> (password, hash) of its generated credentials."""
+    return {
+        r.name.removesuffix("-credentials"): (r.outputs["password"], r.outputs["password_hash"])
+        for r in result.resources_of_type(DYNAMIC)
+        if r.name.endswith("-credentials")
+    }
+
+
+# --- the manifest ----------------------------------------------------------------
+
+
+def test_manifest_lists_every_proxy_with_the_address_crawlers_use(fleet: ProgramResult) -> None:
+    manifest = fleet.output("fleet")
+    jsonschema.validate(manifest, load_schema())
+    assert fleet.is_secret("fleet")
+    entries = {p["name"]: p for p in manifest["proxies"]}
+    assert list(entries) == [
+        "home-0",
+        "eu-0",
+        "eu-1",
+        "eu-2",
+        "eu-ubuntu-0",
+        "us-0",
+        "pods-0",
+        "pods-1",
+        "edge-0",
+        "corp-1",
+    ]
+    addresses = by_name(fleet, ADDRESS)
+    instances = by_name(fleet, INSTANCE)
+    # Static IPs: the reserved address; ephemeral: the instance's NAT IP.
+    for name in ("eu-0", "eu-1", "eu-2", "eu-ubuntu-0"):
+        assert entries[name]["host"] == addresses[f"{name}-address"].outputs["address"]
+    nat = instances["us-0-instance"].outputs["networkInterfaces"][0]["accessConfigs"][0]["natIp"]
+    assert entries["us-0"]["host"] == nat and nat.startswith("198.51.100.")
+    assert [entries[f"eu-{i}"]["zone"] for i in range(3)] == [
+        "europe-west1-b",
+        "europe-west1-c",
+        "europe-west1-b",
+    ]
+    assert entries["eu-ubuntu-0"]["zone"] == "europe-west1-c"
+    assert entries["us-0"]["zone"] == "us-central1-a"
+    # ClusterIP: the Service's DNS name; LoadBalancer: its ingress address.
+    assert entries["pods-0"]["host"] == f"{pid('pods-0')}.egress.svc.cluster.local"
+    assert entries["pods-0"]["zone"] == "europe-west1-b"
+    lb = by_name(fleet, SERVICE)["edge-0-service"].outputs["status"]["loadBalancer"]
+    assert entries["edge-0"]["host"] == lb["ingress"][0]["ip"]
+    assert entries["home-0"]["host"].startswith("192.168.1.")
+    assert entries["corp-1"]["host"] == "10.0.0.5" and "auth" not in entries["corp-1"]
+    creds = passwords(fleet)
+    for name, entry in entries.items():
+        if name != "corp-1":
+            assert entry["port"] == 3129 and entry["id"] == pid(name)
+            assert entry["auth"] == {"username": "crawler", "password": creds[name][0]}
+    assert entries["eu-1"]["labels"] == {"site": "eu"}
+
+
+def test_no_password_or_hash_in_any_input_that_is_not_secret(fleet: ProgramResult) -> None:
+    creds = passwords(fleet)
+    assert len(creds) == 9  # every provisioned proxy, not the external one
+    needles = [s for pair in creds.values() for s in pair]
+    checked = 0
+    for resource in fleet.resources:
+        for key, value in resource.inputs.items():
+            if key in resource.secret_inputs:
+                continue
+            text = json.dumps(value)
+            assert not [n for n in needles if n in text], f"{resource.name}.{key}"
+            checked += 1
+    assert checked > 100
+
+
+# --- gcp -----------------------------------------------------------------------
+
+
+def test_firewall_opens_only_the_proxy_port_to_allowed_clients(fleet: ProgramResult) -> None:
+    rules = by_name(fleet, FIREWALL)
+    assert sorted(rules) == [
+        "gcp-eu-proxy-port-ipv4",
+        "gcp-eu-proxy-port-ipv6",
+        "gcp-us-proxy-port-ipv4",
+        "gcp-us-proxy-port-ipv6",
+    ]
+    tag = network_tag("egress-proxies", "dev", "gcp-eu")
+    v4, v6 = rules["gcp-eu-proxy-port-ipv4"].inputs, rules["gcp-eu-proxy-port-ipv6"].inputs
+    # GCP cannot mix families in one rule; the IPv4-mapped range is IPv4 here.
+    assert v4["sourceRanges"] == ["10.8.0.0/16", "10.10.0.0/16", "192.0.2.0/24"]
+    assert v6["sourceRanges"] == ["2001:db8::/32"]
+    for rule, family in ((v4, "ipv4"), (v6, "ipv6")):
+        assert rule["allows"] == [{"protocol": "tcp", "ports": ["3129"]}]
+        assert rule["direction"] == "INGRESS" and rule["network"] == "crawl-vpc"
+        assert rule["targetTags"] == [tag] and rule["name"] == f"{tag}-{family}"
+        assert "sourceTags" not in rule and "denies" not in rule
+    us_tag = network_tag("egress-proxies", "dev", "gcp-us")
+    assert rules["gcp-us-proxy-port-ipv4"].inputs["network"] == "default"
+    assert rules["gcp-us-proxy-port-ipv4"].inputs["targetTags"] == [us_tag]
+    for name in ("eu-0", "eu-ubuntu-0"):
+        assert by_name(fleet, INSTANCE)[f"{name}-instance"].inputs["tags"] == [tag]
+    assert by_name(fleet, INSTANCE)["us-0-instance"].inputs["tags"] == [us_tag]
+
+
+def test_instances_placement_disk_network_labels(fleet: ProgramResult) -> None:
+    instances = by_name(fleet, INSTANCE)
+    eu = instances["eu-1-instance"].inputs
+    assert eu["name"] == pid("eu-1")
+    assert (eu["zone"], eu["machineType"]) == ("europe-west1-c", "e2-small")
+    assert eu["bootDisk"]["initializeParams"]["image"] == DEBIAN
+    assert eu["bootDisk"]["initializeParams"]["size"] == 20
+    assert eu["labels"] == {
+        "site": "eu",
+        "egress-proxies-project": "egress-proxies",
+        "egress-proxies-stack": "dev",
+        "egress-proxies-name": "eu-1",
+    }
+    nic = eu["networkInterfaces"][0]
+    assert (nic["network"], nic["subnetwork"]) == ("crawl-vpc", "proxies-eu")
+    address = by_name(fleet, ADDRESS)["eu-1-address"]
+    assert nic["accessConfigs"] == [{"natIp": address.outputs["address"]}]
+    assert address.inputs["name"] == pid("eu-1") and address.inputs["region"] == "europe-west1"
+    assert address.inputs["addressType"] == "EXTERNAL"
+    assert address.inputs["labels"]["egress-proxies-name"] == "eu-1"
+    assert not any("serviceAccount" in i.inputs for i in instances.values())
+    us = instances["us-0-instance"].inputs
+    assert us["bootDisk"]["initializeParams"] == {
+        "image": DEBIAN,  # the provider's only image, as placement names none
+        "size": 10,
+        "labels": us["labels"],
+    }
+    assert us["networkInterfaces"] == [{"network": "default", "accessConfigs": [{}]}]
+    assert "us-0-address" not in by_name(fleet, ADDRESS)
+    # Each gcp provider entry is its own explicit provider (project, region).
+    providers = {r.name: r.inputs for r in fleet.resources_of_type("pulumi:providers:gcp")}
+    assert providers["gcp-eu"]["project"] == "crawl-proj-1"
+    assert providers["gcp-us"]["region"] == "us-central1"
+
+
+def test_boot_metadata_is_secret_and_from_the_shared_renderers(fleet: ProgramResult) -> None:
+    instances = by_name(fleet, INSTANCE)
+    creds = passwords(fleet)
+    squid_conf = render_squid_conf(settings_from_config(Squid.model_validate(SQUID)))
+    for instance in instances.values():
+        assert "metadata" in instance.secret_inputs
+    # Debian's images have no cloud-init: a startup script.
+    debian = instances["eu-0-instance"].inputs["metadata"]
+    line = password_file_line("crawler", creds["eu-0"][1])
+    assert debian == {
+        "enable-oslogin": "TRUE",
+        "startup-script": render_startup_script(squid_conf, line),
+    }
+    # Ubuntu's have: user-data, with the user's own cloud-config merged.
+    ubuntu = instances["eu-ubuntu-0-instance"].inputs["metadata"]
+    line = password_file_line("crawler", creds["eu-ubuntu-0"][1])
+    expected = render_user_data(squid_conf, line, OWN_USER_DATA, hostname=pid("eu-ubuntu-0"))
+    assert ubuntu == {"enable-oslogin": "TRUE", "user-data": expected}
+    assert "curl" in yaml.safe_load(expected)["packages"]
+
+
+# --- kubernetes ------------------------------------------------------------------
+
+
+def test_config_map_carries_the_shared_squid_conf(fleet: ProgramResult) -> None:
+    expected = render_squid_conf(container_settings(Squid.model_validate(SQUID)))
+    maps = by_name(fleet, CONFIG_MAP)
+    assert sorted(maps) == ["edge-0-squid-conf", "pods-0-squid-conf", "pods-1-squid-conf"]
+    for name, config_map in maps.items():
+        assert config_map.inputs["data"] == {"squid.conf": expected}
+        assert config_map.inputs["metadata"]["name"] == pid(name.removesuffix("-squid-conf"))
+    assert "max_filedescriptors 1024\ncache_mem 16 MB\n" in expected
+    assert (
+        "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid-egress-auth/passwords"
+        in expected
+    )
+    assert maps["pods-0-squid-conf"].inputs["metadata"]["namespace"] == "egress"
+    assert maps["edge-0-squid-conf"].inputs["metadata"]["namespace"] == "edge-proxies"
+
+
+def test_secret_holds_the_hash_never_the_password(fleet: ProgramResult) -> None:
+    creds = passwords(fleet)
+    secrets = by_name(fleet, SECRET)
+    assert sorted(secrets) == ["edge-0-auth", "pods-0-auth", "pods-1-auth"]
+    for name, secret in secrets.items():
+        replica = name.removesuffix("-auth")
+        password, digest = creds[replica]
+        assert "stringData" in secret.secret_inputs
+        content = secret.inputs["stringData"]["passwords"]
+        assert content == f"crawler:{digest}\n" and password not in content
+        assert bcrypt.checkpw(password.encode(), digest.encode())
+        assert secret.inputs["metadata"]["name"] == f"{pid(replica)}-auth"
+        assert secret.inputs["type"] == "Opaque"
+
+
+def test_deployment_probes_limits_security_and_mounts(fleet: ProgramResult) -> None:
+    deployments = by_name(fleet, DEPLOYMENT)
+    assert sorted(deployments) == ["edge-0-deployment", "pods-0-deployment", "pods-1-deployment"]
+    spec = deployments["pods-1-deployment"].inputs["spec"]
+    assert spec["replicas"] == 1
+    selector = {
+        "app.kubernetes.io/part-of": "egress-proxies",
+        "app.kubernetes.io/instance": pid("pods-1"),
+    }
+    assert spec["selector"] == {"matchLabels": selector}
+    labels = spec["template"]["metadata"]["labels"]
+    assert (
+        labels.items()
+        >= {
+            **selector,
+            "site": "cluster",
+            "egress-proxies/project": "egress-proxies",
+            "egress-proxies/stack": "dev",
+            "egress-proxies/name": "pods-1",
+        }.items()
+    )
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("ubuntu/squid:") and "@sha256:" in container["image"]
+    assert container["args"] == SQUID_ARGS
+    assert container["ports"] == [{"name": "proxy", "containerPort": 3129, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["tcpSocket"] == {"port": "proxy"}
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "128Mi"},
+    }
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsUser"] == 13 and pod["securityContext"]["runAsNonRoot"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["nodeSelector"] == {"topology.kubernetes.io/zone": "europe-west1-b"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {
+        "config": "/etc/squid-egress",
+        "auth": "/etc/squid-egress-auth",
+        "run": "/run/squid",
+        "spool": "/var/spool/squid",
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == pid("pods-1")
+    assert volumes["auth"]["secret"]["secretName"] == f"{pid('pods-1')}-auth"
+    conf = by_name(fleet, CONFIG_MAP)["pods-1-squid-conf"].inputs["data"]["squid.conf"]
+    digest = hashlib.sha256(conf.encode()).hexdigest()
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations == {"egress-proxies/squid-conf-sha256": digest}
+
+
+def test_services_and_network_policies(fleet: ProgramResult) -> None:
+    services = by_name(fleet, SERVICE)
+    cluster_ip = services["pods-0-service"].inputs["spec"]
+    assert cluster_ip["type"] == "ClusterIP"
+    assert cluster_ip["ports"] == [
+        {"name": "proxy", "port": 3129, "targetPort": "proxy", "protocol": "TCP"}
+    ]
+    assert "loadBalancerSourceRanges" not in cluster_ip
+    lb = services["edge-0-service"].inputs["spec"]
+    assert lb["type"] == "LoadBalancer" and lb["externalTrafficPolicy"] == "Local"
+    clients = ["10.8.0.0/16", "10.10.0.0/16", "192.0.2.0/24", "2001:db8::/32"]
+    assert lb["loadBalancerSourceRanges"] == clients
+    policies = by_name(fleet, NETWORK_POLICY)
+    pods = policies["pods-0-network-policy"].inputs["spec"]
+    assert pods["policyTypes"] == ["Ingress"]
+    assert pods["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == pid("pods-0")
+    (rule,) = pods["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 3129}]
+    assert rule["from"] == [{"ipBlock": {"cidr": c}} for c in clients] + [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "crawlers"}}}
+    ]
+    edge = policies["edge-0-network-policy"].inputs["spec"]
+    assert edge["ingress"][0]["from"] == [{"ipBlock": {"cidr": c}} for c in clients]
+
+
+def test_namespace_created_or_used_and_providers_explicit(fleet: ProgramResult) -> None:
+    namespaces = by_name(fleet, NAMESPACE)
+    assert list(namespaces) == ["cluster-namespace"]  # "edge" uses an existing one
+    assert namespaces["cluster-namespace"].inputs["metadata"]["name"] == "egress"
+    providers = {r.name: r.inputs for r in fleet.resources_of_type("pulumi:providers:kubernetes")}
+    assert providers["edge"]["context"] == "edge-ctx"
+    assert "kubeconfig" not in providers["cluster"]  # ambient
+    # Every backend resource hangs under its proxy's component.
+    components = {c.urn: c.name for c in fleet.resources_of_type(PROXY_TYPE)}
+    for type_ in (INSTANCE, ADDRESS, CONFIG_MAP, SECRET, DEPLOYMENT, SERVICE, NETWORK_POLICY):
+        for resource in fleet.resources_of_type(type_):
+            assert resource.name.startswith(components[resource.parent or ""] + "-")
+
+
+# --- the open firewall guard -----------------------------------------------------
+
+
+def open_config(allow: bool) -> dict[str, Any]:
+    return {
+        "providers": [
+            {"name": "gcp", "type": "gcp", "gcp": {"project": "crawl-proj-1", "region": "us-east1"}}
+        ],
+        "proxies": [
+            {
+                "name": "open",
+                "provider": "gcp",
+                "placement": {"zone": "us-east1-b", "machineType": "e2-micro"},
+            }
+        ],
+        "squid": {"allowedClients": ["0.0.0.0/0"], "allowOpenProxyToTheInternet": allow},
+    }
+
+
+def test_firewall_open_to_the_internet_is_refused_without_the_flag() -> None:
+    result = run_program(PROGRAM, open_config(allow=False), new_resource_hook=HOOK)
+    assert result.error is not None
+    assert result.error.message.splitlines() == [
+        "invalid stack config (1 error):",
+        "  squid.allowedClients[0]: '0.0.0.0/0' opens the proxies to the whole internet; set "
+        "squid.allowOpenProxyToTheInternet: true if that is really meant",
+    ]
+    assert result.resources == []
+
+
+def test_firewall_open_to_the_internet_with_the_flag_and_a_warning() -> None:
+    result = run_program(PROGRAM, open_config(allow=True), new_resource_hook=HOOK)
+    result.raise_for_error()
+    (rule,) = result.resources_of_type(FIREWALL)
+    assert rule.inputs["sourceRanges"] == ["0.0.0.0/0"]
+    assert rule.inputs["allows"] == [{"protocol": "tcp", "ports": ["3128"]}]
+    warning = next(line for line in result.stderr.splitlines() if "allowOpenProxy" in line)
+    assert "GCP firewall" in warning and "every IPv4 address" in warning
+    assert "without squid.auth" in warning
+    # No credentials here, and the metadata is a secret all the same: a
+    # user's own userData may hold secrets of its own.
+    (instance,) = result.resources_of_type(INSTANCE)
+    assert "metadata" in instance.secret_inputs
