@@ -44,7 +44,7 @@ def configure() -> None:
         handlers.append(logging.FileHandler(path))
     for handler in handlers:
         handler.setFormatter(logging.Formatter(_FORMAT))
-    for name in ("kvm", "proxyinfra"):
+    for name in ("kvm", "proxyinfra", "health"):
         logger = logging.getLogger(name)
         logger.setLevel(level)
         for handler in handlers:
@@ -55,7 +55,7 @@ def configure() -> None:
 def reset_for_tests() -> None:
     global _configured
     _configured = False
-    for name in ("kvm", "proxyinfra"):
+    for name in ("kvm", "proxyinfra", "health"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

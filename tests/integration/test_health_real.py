@@ -1,0 +1,395 @@
+"""The probe and the engine against a real squid and real local servers.
+
+squid runs with the project's rendered squid.conf (tests/support/squid.py);
+targets and misbehaving "proxies" are asyncio servers on 127.0.0.1
+(tests/support/responders.py).  Nothing leaves the loopback interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from health.engine import HealthEngine
+from health.model import Health, Outcome, ProxyEndpoint
+from health.probe import ProbeResult, probe
+from tests.support.responders import FakeProxy, Target
+from tests.support.squid import RunningSquid, free_port, loopback_settings, start_squid
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "pa ss:wörd"  # a space, a colon and non-ASCII: Basic auth must carry them
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(30):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+@pytest.fixture(scope="module")
+def auth_squid() -> Iterator[RunningSquid]:
+    with start_squid(loopback_settings(auth_username="crawler"), PASSWORD) as squid:
+        yield squid
+
+
+def endpoint(squid: RunningSquid, password: str | None = PASSWORD) -> ProxyEndpoint:
+    return ProxyEndpoint("sq", "127.0.0.1", squid.port, squid.username, password)
+
+
+async def probe_target(proxy: ProxyEndpoint, **options: Any) -> ProbeResult:
+    async with Target() as target:
+        return await probe(proxy, f"127.0.0.1:{target.port}", **options)
+
+
+# --- the probe and squid's answers -------------------------------------------------------
+
+
+def test_squid_with_right_password_passes(auth_squid: RunningSquid) -> None:
+    result = run(probe_target(endpoint(auth_squid)))
+    assert result.outcome is Outcome.OK, result
+    assert result.status == 200
+    assert result.connect_ms is not None and 0 < result.connect_ms < 1000
+    assert result.answer_ms is not None and 0 < result.answer_ms < 1000
+    assert result.tls_ms is None and result.error is None
+
+
+@pytest.mark.parametrize("credentials", [("crawler", "wrong"), ("intruder", PASSWORD), None])
+def test_wrong_or_missing_password_is_auth_required(
+    auth_squid: RunningSquid, credentials: tuple[str, str] | None
+) -> None:
+    user, password = credentials or (None, None)
+    result = run(probe_target(ProxyEndpoint("sq", "127.0.0.1", auth_squid.port, user, password)))
+    assert result.outcome is Outcome.AUTH_REQUIRED, result
+    assert result.status == 407
+    assert result.error is not None and "407 Proxy Authentication Required" in result.error
+
+
+def test_client_outside_the_acl_is_denied() -> None:
+    # 127.0.0.1 is not in 10.0.0.0/8: squid says 403 even to the right password.
+    settings = loopback_settings(allowed_clients=("10.0.0.0/8",), auth_username="crawler")
+    with start_squid(settings, PASSWORD) as squid:
+        result = run(probe_target(endpoint(squid)))
+    assert result.outcome is Outcome.DENIED, result
+    assert result.status == 403
+    assert result.error is not None and "ERR_ACCESS_DENIED" in result.error
+
+
+def test_target_down_is_an_upstream_failure(auth_squid: RunningSquid) -> None:
+    result = run(probe(endpoint(auth_squid), f"127.0.0.1:{free_port()}"))
+    assert result.outcome is Outcome.UPSTREAM, result
+    assert result.status == 503
+    assert result.error is not None and "ERR_CONNECT_FAIL" in result.error
+
+
+# --- TLS through the tunnel ----------------------------------------------------------------
+
+
+def _certificate(
+    subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: Any, *, ca: bool
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+        )
+    else:
+        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def _pem(path: Path, *items: Any) -> Path:
+    data = b""
+    for item in items:
+        if isinstance(item, x509.Certificate):
+            data += item.public_bytes(serialization.Encoding.PEM)
+        else:
+            data += item.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A test CA, a server certificate it signed, and an unrelated CA."""
+    folder = tmp_path_factory.mktemp("tls")
+    ca_key, other_key, server_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "health test CA")])
+    ca = _certificate("health test CA", ca_key, ca_name, ca_key, ca=True)
+    other_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other CA")])
+    other = _certificate("other CA", other_key, other_name, other_key, ca=True)
+    server = _certificate("localhost", server_key, ca_name, ca_key, ca=False)
+    return {
+        "ca": _pem(folder / "ca.pem", ca),
+        "other_ca": _pem(folder / "other.pem", other),
+        "server": _pem(folder / "server.pem", server, server_key),
+    }
+
+
+def test_tls_handshake_through_the_tunnel(
+    auth_squid: RunningSquid, tls_files: dict[str, Path]
+) -> None:
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tls_files["server"])
+    ca, other_ca = str(tls_files["ca"]), str(tls_files["other_ca"])
+
+    async def body() -> dict[str, ProbeResult]:
+        async with Target(server_context) as target:
+            where = f"127.0.0.1:{target.port}"
+            proxy = endpoint(auth_squid)
+            return {
+                "unverified": await probe(proxy, where, tls=True),
+                "right CA": await probe(proxy, where, tls=True, ca_file=ca),
+                "right CA, by name": await probe(
+                    proxy, where, tls=True, ca_file=ca, server_hostname="localhost"
+                ),
+                "other CA": await probe(proxy, where, tls=True, ca_file=other_ca),
+                "wrong name": await probe(
+                    proxy, where, tls=True, ca_file=ca, server_hostname="example.com"
+                ),
+            }
+
+    results = run(body())
+    for name in ("unverified", "right CA", "right CA, by name"):
+        assert results[name].outcome is Outcome.OK, (name, results[name])
+        tls_ms = results[name].tls_ms
+        assert tls_ms is not None and 0 < tls_ms < 1000
+    for name in ("other CA", "wrong name"):
+        result = results[name]
+        assert result.outcome is Outcome.TLS, (name, result)
+        assert result.status == 200 and result.tls_ms is None  # squid did its part
+        assert result.error is not None and "CERTIFICATE_VERIFY_FAILED" in result.error
+
+
+def test_tls_to_a_plain_target_fails_within_the_timeout(auth_squid: RunningSquid) -> None:
+    started = time.monotonic()
+    result = run(probe_target(endpoint(auth_squid), tls=True, timeout=0.5))
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert result.error == "no TLS handshake through the tunnel in 0.5 s"
+    assert time.monotonic() - started < 1.0
+
+
+# --- misbehaving proxies -------------------------------------------------------------
+
+
+def _local(port: int) -> ProxyEndpoint:
+    return ProxyEndpoint("fake", "127.0.0.1", port)
+
+
+def test_proxy_that_never_answers_times_out_within_the_bound() -> None:
+    async def body() -> tuple[ProbeResult, float]:
+        async with FakeProxy("silent") as fake:
+            started = time.monotonic()
+            result = await probe(_local(fake.port), "example.com:443", timeout=0.3)
+            return result, time.monotonic() - started
+
+    result, elapsed = run(body())
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert result.connect_ms is not None and result.answer_ms is None
+    assert result.error == "no answer to CONNECT in 0.3 s"
+    assert 0.3 <= elapsed < 0.45
+
+
+@pytest.mark.parametrize(
+    ("answer", "then_close"),
+    [
+        (b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n", False),  # a wrong service on the port
+        (b"HTTP/1.1 OK\r\n\r\n", False),  # no status code
+        (b"HTTP/1.1 200 " + b"x" * 20_000, False),  # a head without end
+        (b"HTTP/1.1 200 Connection established\r\n", True),  # cut off
+    ],
+)
+def test_garbage_answer_is_malformed_and_seen_at_once(answer: bytes, then_close: bool) -> None:
+    async def body() -> tuple[ProbeResult, float]:
+        async with FakeProxy(answer=answer, close_after_answer=then_close) as fake:
+            started = time.monotonic()
+            result = await probe(_local(fake.port), "example.com:443", timeout=5.0)
+            return result, time.monotonic() - started
+
+    result, elapsed = run(body())
+    assert result.outcome is Outcome.MALFORMED, result
+    assert elapsed < 1.0  # recognised from the bytes, not by waiting for the timeout
+
+
+def test_answer_arriving_byte_by_byte() -> None:
+    answer = b"HTTP/1.1 200 Connection established\r\nVia: 1.1 x\r\n\r\n"
+
+    async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        for index in range(len(answer)):
+            writer.write(answer[index : index + 1])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        await reader.read()  # until the probe closes
+        writer.close()
+
+    async def body() -> ProbeResult:
+        server = await asyncio.start_server(dribble, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            return await probe(_local(port), "example.com:443", timeout=5.0)
+
+    result = run(body())
+    assert result.outcome is Outcome.OK, result
+    assert result.answer_ms is not None and result.answer_ms >= len(answer) * 0.5  # ~1 ms a byte
+
+
+@pytest.mark.parametrize("behaviour", ["close", "reset"])
+def test_proxy_dropping_the_connection_is_a_reset(behaviour: Any) -> None:
+    async def body() -> ProbeResult:
+        async with FakeProxy(behaviour) as fake:
+            return await probe(_local(fake.port), "example.com:443", timeout=2.0)
+
+    result = run(body())
+    assert result.outcome is Outcome.RESET, result
+    assert result.connect_ms is not None and result.answer_ms is None
+
+
+def test_nothing_listening_is_refused() -> None:
+    result = run(probe(_local(free_port()), "example.com:443", timeout=2.0))
+    assert result.outcome is Outcome.REFUSED, result
+    assert result.connect_ms is None
+
+
+@pytest.mark.parametrize(("listen", "host"), [("127.0.0.1", "localhost"), ("::1", "::1")])
+def test_proxy_by_name_or_ipv6_address(listen: str, host: str) -> None:
+    async def body() -> ProbeResult:
+        async with FakeProxy(host=listen) as fake:
+            return await probe(ProxyEndpoint("f", host, fake.port), "example.com:443")
+
+    result = run(body())
+    assert result.outcome is Outcome.OK, result
+
+
+def test_credentials_are_sent_only_when_set() -> None:
+    async def body() -> list[bytes]:
+        async with FakeProxy(record=True) as fake:
+            await probe(_local(fake.port), "example.com:443")
+            await probe(ProxyEndpoint("f", "127.0.0.1", fake.port, "u", "p"), "example.com:443")
+            return fake.requests
+
+    plain, with_auth = run(body())
+    assert b"Proxy-Authorization" not in plain
+    assert b"\r\nProxy-Authorization: Basic dTpw\r\n" in with_auth
+
+
+# --- the engine against a real squid ------------------------------------------------------
+
+
+def test_engine_follows_squid_going_down_and_up() -> None:
+    interval = 0.5
+
+    async def body() -> dict[str, float]:
+        timings: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        async with Target() as target:
+            squid = await asyncio.to_thread(
+                start_squid, loopback_settings(auth_username="crawler"), PASSWORD
+            )
+            try:
+                eng = HealthEngine(
+                    target=f"127.0.0.1:{target.port}", interval=interval, timeout=1.0
+                )
+                eng.set_fleet([endpoint(squid)])
+                await eng.start()
+                try:
+                    await _until(eng, Health.HEALTHY, within=interval)
+                    healthy = eng.health("sq")
+                    assert healthy is not None and healthy.latency_ms is not None
+                    stopping = loop.time()
+                    # squid takes ~2 s to exit after SIGINT; watch meanwhile.
+                    stopped = asyncio.create_task(asyncio.to_thread(squid.stop))
+                    await _until(eng, Health.UNHEALTHY, within=2 * interval + 3.0)
+                    timings["down"] = loop.time() - stopping
+                    await stopped
+                    starting = loop.time()
+                    await asyncio.to_thread(squid.start)
+                    await _until(eng, Health.HEALTHY, within=interval + 1.0)
+                    timings["up"] = loop.time() - starting
+                    state = eng.health("sq")
+                    assert state is not None
+                    assert state.last_error is not None and state.last_error.startswith("refused")
+                finally:
+                    await eng.stop()
+            finally:
+                await asyncio.to_thread(squid.close)
+        return timings
+
+    timings = run(body())
+    # Two failed probes, each at most one interval after the previous one,
+    # counted from the moment squid was told to stop.
+    assert timings["down"] <= 2 * interval + 0.1, timings
+    assert timings["up"] <= interval + 0.5, timings
+
+
+async def _until(eng: HealthEngine, health: Health, within: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while (state := eng.health("sq")) is None or state.health is not health:
+        assert loop.time() < deadline, f"not {health} within {within} s: {state}"
+        await asyncio.sleep(0.01)
+
+
+def test_engine_over_a_changing_fleet_of_real_endpoints() -> None:
+    interval = 0.2
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        async with FakeProxy(ports=3) as fake, Target() as target:
+            eng = HealthEngine(target=f"127.0.0.1:{target.port}", interval=interval)
+            p0, p1, p2 = (
+                ProxyEndpoint(f"p{i}", "127.0.0.1", port) for i, port in enumerate(fake.ports)
+            )
+            eng.set_fleet([p0, p1])
+            await eng.start()
+            try:
+                while fake.per_port[p0.port] < 2 or fake.per_port[p1.port] < 2:
+                    await asyncio.sleep(0.005)
+                added = loop.time()
+                eng.set_fleet([p1, p2])
+                while not fake.per_port[p2.port]:
+                    await asyncio.sleep(0.002)
+                assert loop.time() - added < interval / 4  # at once, not at the next round
+                removed_count, kept_count = fake.per_port[p0.port], fake.per_port[p1.port]
+                await asyncio.sleep(3 * interval)
+                assert fake.per_port[p0.port] == removed_count
+                assert fake.per_port[p1.port] >= kept_count + 2
+                assert eng.health("p0") is None
+                assert [(p.name, p.health) for p in eng.all()] == [
+                    ("p1", Health.HEALTHY),
+                    ("p2", Health.HEALTHY),
+                ]
+            finally:
+                await eng.stop()
+
+    run(body())
