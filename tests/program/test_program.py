@@ -12,17 +12,30 @@ from proxyinfra.manifest import Manifest, load_schema
 from proxyinfra.names import proxy_id
 from proxyinfra.stackfile import read_raw
 from tests.harness.program import run_program
+from tests.support.testbed import Testbed
+
+CLOUD_MOCKS = "tests.program.test_gcp_kubernetes:mock_resource"
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = "proxyinfra.program:main"
 
 
-def test_dev_stack_registers_its_proxies_and_exports_a_valid_manifest() -> None:
+def test_dev_stack_registers_its_proxies_and_exports_a_valid_manifest(testbed: Testbed) -> None:
+    # The dev stack names the testbed's key files, so the testbed must be up.
     raw = read_raw(ROOT / "Pulumi.dev.yaml")
-    result = run_program(PROGRAM, raw, stack="dev")
+    result = run_program(PROGRAM, raw, stack="dev", new_resource_hook=CLOUD_MOCKS)
     result.raise_for_error()
     proxies = result.resources_of_type(PROXY_TYPE)
-    assert [p.name for p in proxies] == [p["name"] for p in raw["proxies"]]
+    assert [p.name for p in proxies] == ["home-0", "home-1"]
+    dynamic = sorted(r.name for r in result.resources_of_type("pulumi-python:dynamic:Resource"))
+    assert dynamic == sorted(
+        [
+            f"home-{i}-{kind}"
+            for i in (0, 1)
+            for kind in ("credentials", "overlay", "seed", "domain")
+        ]
+        + [next(n for n in dynamic if "-image-" in n)]
+    )
     fleet = result.output("fleet")
     jsonschema.validate(fleet, load_schema())
     manifest = Manifest.model_validate(fleet)
