@@ -1,0 +1,589 @@
+"""Benchmark: lease grant+release pairs per second and their latency, against
+the same server's /healthz as the ceiling, in one run.
+
+Run: scripts/bench discovery_leases      (or .venv/bin/python -m bench.discovery_leases)
+
+The server is the real app (discovery.app on uvicorn, one worker, the SQLite
+store with fsync on every commit) in its own process pinned to one CPU; the
+fleet has --proxies proxies that a stand-in health source calls healthy (the
+benchmark is about leases, not probes). The load generator runs in this
+process, pinned to another CPU: --clients concurrent clients, each on its own
+keep-alive connection, each looping POST /v1/leases then DELETE
+/v1/leases/{id} (one pair) for --seconds after a warm-up. The /healthz phase
+runs the same clients doing two GETs per loop: the framework's ceiling for a
+"pair" of requests on this machine.
+
+The client is a small HTTP/1.1 client on asyncio's protocol layer: httpx
+would need more CPU per request than the server and measure itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the server side (a subprocess: python -m bench.discovery_leases --serve ...) ----------
+
+
+class _AlwaysHealthy:
+    """A health source with every proxy healthy and nothing probed."""
+
+    def __init__(self) -> None:
+        from health.model import Health, ProxyHealth
+
+        self._health = Health.HEALTHY
+        self._states: dict[str, ProxyHealth] = {}
+        self._make = ProxyHealth
+
+    def set_fleet(self, endpoints: Iterable[Any]) -> None:
+        self._states = {
+            e.name: self._make(e.name, self._health, 1.0, None, None) for e in endpoints
+        }
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def health(self, name: str) -> Any:
+        return self._states.get(name)
+
+    def all(self) -> list[Any]:
+        return list(self._states.values())
+
+    def report_error(self, name: str, error: str) -> None:
+        pass
+
+    async def probe_now(self, name: str) -> Any:
+        return self._states[name]
+
+
+def serve(fleet: Path, db: Path, port: int, cpu: int | None, profile: Path | None = None) -> int:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})  # threads started from here inherit it
+    from discovery import logs
+    from discovery.cli import run_server
+    from discovery.service import Service
+    from discovery.settings import Settings
+
+    logs.configure()
+    settings = Settings(listen_host="127.0.0.1", listen_port=port, db=db, fleet_file=fleet)
+    service = Service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
+    service.open()
+    if profile is None:
+        return run_server(service)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(run_server, service)
+    finally:
+        profiler.dump_stats(profile)
+
+
+def book_only(
+    fleet: Path, db: Path, clients: int, seconds: float, warmup: float, cpu: int | None
+) -> None:
+    """The lease book and its durable store without HTTP: the same grant+release
+    pairs from `clients` concurrent tasks; prints one JSON line."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    import resource
+
+    from prometheus_client import CollectorRegistry
+
+    from discovery.fleet import FleetSource
+    from discovery.leases import LeaseBook
+    from discovery.metrics import Metrics
+    from discovery.selection import Selector
+    from discovery.store import LeaseStore
+
+    async def run() -> dict[str, Any]:
+        store = LeaseStore(db)
+        state = store.open()
+        book = LeaseBook(
+            store=store,
+            health=_AlwaysHealthy(),
+            metrics=Metrics(CollectorRegistry()),
+            max_ttl=300,
+            cooldown=600,
+            probe_interval=10,
+        )
+        await book.restore(state, FleetSource(path=fleet).load())
+        anywhere = Selector()
+        pair_ms: list[float] = []
+        start = time.perf_counter()
+        measure_from, end = start + warmup, start + warmup + seconds
+        usage: list[Any] = []
+
+        async def client() -> None:
+            while (t0 := time.perf_counter()) < end:
+                lease = await book.grant("bench", ttl=None, selector=anywhere, host=None)
+                await book.release(lease.id)
+                t1 = time.perf_counter()
+                if t0 >= measure_from and t1 <= end:
+                    pair_ms.append((t1 - t0) * 1000)
+
+        async def sample() -> None:
+            await asyncio.sleep(warmup)
+            usage.append(resource.getrusage(resource.RUSAGE_SELF))
+
+        sampler = asyncio.get_running_loop().create_task(sample())
+        await asyncio.gather(*(client() for _ in range(clients)))
+        await sampler
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        store.close()
+        cpu_s = (after.ru_utime - usage[0].ru_utime) + (after.ru_stime - usage[0].ru_stime)
+        return {"pairs": len(pair_ms), "pair_ms": pair_ms, "cpu": cpu_s / seconds}
+
+    _use_uvloop()
+    print(json.dumps(asyncio.run(run())))
+
+
+# -- the load generator --------------------------------------------------------------------
+
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one request in flight at a time."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.closed = False  # uvicorn closes connections idle for 5 s
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._waiter is None:
+            return
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self._buffer[: end + 2])
+        match = _LENGTH.search(head)
+        length = int(match.group(1)) if match else 0
+        total = end + 4 + length
+        if len(self._buffer) < total:
+            return
+        body = bytes(self._buffer[end + 4 : total])
+        del self._buffer[:total]
+        waiter, self._waiter = self._waiter, None
+        if not waiter.done():
+            waiter.set_result((int(head[9:12]), body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(ConnectionError("connection lost"))
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        assert self.transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return await self._waiter
+
+
+def _post(path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def _plain(method: str, path: str) -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    pairs: int
+    seconds: float
+    pair_ms: list[float]
+    request_ms: list[float]
+    errors: dict[str, int]
+    server_cpu: float  # CPU seconds the server used per wall second
+    threads: dict[str, float]  # CPU seconds per server thread during the phase
+
+    @property
+    def pairs_per_s(self) -> float:
+        return self.pairs / self.seconds
+
+    @property
+    def cpu_us_per_pair(self) -> float:
+        """Server CPU per pair: steadier than pairs/s on a machine shared with other work."""
+        return self.server_cpu * self.seconds / max(1, self.pairs) * 1e6
+
+    def line(self) -> str:
+        def pct(values: list[float], q: float) -> float:
+            if not values:
+                return float("nan")
+            ordered = sorted(values)
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+        return (
+            f"{self.name:<15} {self.pairs_per_s:>9.0f} pairs/s  "
+            f"pair p50 {pct(self.pair_ms, 0.5):6.2f} ms  p99 {pct(self.pair_ms, 0.99):7.2f} ms  "
+            f"request p50 {pct(self.request_ms, 0.5):6.2f} ms  p99 {pct(self.request_ms, 0.99):7.2f} ms  "
+            f"server CPU {self.server_cpu:4.2f} ({self.cpu_us_per_pair:5.0f} us/pair)  "
+            f"errors {sum(self.errors.values())}"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "phase": self.name,
+            "pairs_per_s": round(self.pairs_per_s, 1),
+            "pair_p50_ms": round(statistics.median(self.pair_ms), 3) if self.pair_ms else None,
+            "pair_p99_ms": round(sorted(self.pair_ms)[int(0.99 * len(self.pair_ms))], 3)
+            if self.pair_ms
+            else None,
+            "request_p50_ms": round(statistics.median(self.request_ms), 3)
+            if self.request_ms
+            else None,
+            "request_p99_ms": round(sorted(self.request_ms)[int(0.99 * len(self.request_ms))], 3)
+            if self.request_ms
+            else None,
+            "server_cpu": round(self.server_cpu, 2),
+            "server_cpu_us_per_pair": round(self.cpu_us_per_pair),
+            "server_cpu_us_per_pair_by_thread": {
+                name: round(cpu / max(1, self.pairs) * 1e6)
+                for name, cpu in sorted(self.threads.items())
+                if cpu > 0
+            },
+            "errors": self.errors,
+        }
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_thread_cpu(pid).values())
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (the event loop is the process's own name)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        threads[name] = threads.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return threads
+
+
+async def _phase(
+    name: str,
+    port: int,
+    clients: int,
+    seconds: float,
+    warmup: float,
+    server_pid: int,
+    leases: bool,
+    rate: float | None = None,
+) -> PhaseResult:
+    """`rate`: pairs per second offered in all (each client paced at rate/clients,
+    open loop); None: every client starts its next pair as soon as one ends."""
+    loop = asyncio.get_running_loop()
+
+    async def connect() -> _Connection:
+        _, conn = await loop.create_connection(_Connection, "127.0.0.1", port)
+        return conn
+
+    connections = [await connect() for _ in range(clients)]
+    pair_ms: list[float] = []
+    request_ms: list[float] = []
+    errors: dict[str, int] = {}
+    pairs = 0
+    start = time.perf_counter()
+    measure_from = start + warmup
+    end = measure_from + seconds
+    grant = _post("/v1/leases", b'{"holder": "bench"}')
+    healthz = _plain("GET", "/healthz")
+
+    async def one_pair(conn: _Connection) -> tuple[bool, int, float]:
+        """(second request ok, its status or -1 when the grant failed, end of the first)."""
+        if leases:
+            status, body = await conn.request(grant)
+            t1 = time.perf_counter()
+            if status != 201:
+                errors[f"grant {status}"] = errors.get(f"grant {status}", 0) + 1
+                return False, -1, t1
+            lease_id = json.loads(body)["id"]
+            status, _ = await conn.request(_plain("DELETE", f"/v1/leases/{lease_id}"))
+            return status == 204, status, t1
+        status, _ = await conn.request(healthz)
+        t1 = time.perf_counter()
+        status, _ = await conn.request(healthz)
+        return status == 200, status, t1
+
+    async def client(conn: _Connection, index: int) -> None:
+        nonlocal pairs
+        period = clients / rate if rate else 0.0
+        due = start + period * index / clients  # spread the clients' phases evenly
+        while True:
+            if period:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                due += period
+            if conn.closed:
+                conn = await connect()
+                connections.append(conn)
+            t0 = time.perf_counter()
+            if t0 >= end:
+                return
+            try:
+                ok, status, t1 = await one_pair(conn)
+            except ConnectionError:  # closed as idle just as this pair began
+                errors["connection closed"] = errors.get("connection closed", 0) + 1
+                continue
+            if status == -1:
+                await asyncio.sleep(0.01)
+                continue
+            t2 = time.perf_counter()
+            if not ok:
+                errors[f"second {status}"] = errors.get(f"second {status}", 0) + 1
+            if t0 >= measure_from and t2 <= end:
+                pairs += 1
+                pair_ms.append((t2 - t0) * 1000)
+                request_ms.append((t1 - t0) * 1000)
+                request_ms.append((t2 - t1) * 1000)
+
+    await asyncio.sleep(0)
+    threads_before: dict[str, float] = {}
+
+    async def sample_cpu() -> None:
+        nonlocal threads_before
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        threads_before = _thread_cpu(server_pid)
+
+    sampler = loop.create_task(sample_cpu())
+    await asyncio.gather(*(client(c, i) for i, c in enumerate(connections)))
+    await sampler
+    threads_after = _thread_cpu(server_pid)
+    threads = {k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()}
+    cpu = sum(threads.values()) / seconds
+    for conn in connections:
+        assert conn.transport is not None
+        conn.transport.close()
+    return PhaseResult(name, pairs, seconds, pair_ms, request_ms, errors, cpu, threads)
+
+
+def _fleet(path: Path, proxies: int) -> None:
+    entries = [
+        {
+            "name": f"p{i}",
+            "id": f"proxy-{i:010x}",
+            "provider": "bench",
+            "type": "external",
+            "zone": None,
+            "host": "127.0.0.1",
+            "port": 3128,
+            "labels": {},
+            "auth": {"username": "crawler", "password": f"pw{i}"},
+        }
+        for i in range(proxies)
+    ]
+    path.write_text(
+        json.dumps({"version": 1, "project": "bench", "stack": "bench", "proxies": entries})
+    )
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else float("nan")
+
+
+async def _scrape(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_plain("GET", "/metrics").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    data = await reader.read(-1)
+    writer.close()
+    return data.split(b"\r\n\r\n", 1)[1].decode()
+
+
+async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[PhaseResult]:
+    results = []
+    for name, leases in (("healthz x2", False), ("grant+release", True)):
+        results.append(
+            await _phase(name, port, args.clients, args.seconds, args.warmup, server_pid, leases)
+        )
+    for rate in args.rate or []:
+        results.append(
+            await _phase(
+                f"paced {rate:.0f}/s",
+                port,
+                args.clients,
+                args.seconds,
+                args.warmup,
+                server_pid,
+                True,
+                rate,
+            )
+        )
+    metrics = await _scrape(port)
+    commits = _metric(metrics, "discovery_store_commit_duration_seconds_count")
+    commit_sum = _metric(metrics, "discovery_store_commit_duration_seconds_sum")
+    ops = _metric(metrics, "discovery_store_ops_total")
+    print(
+        f"store: {commits:.0f} commits, {ops / commits:.1f} ops per commit, "
+        f"{commit_sum / commits * 1000:.2f} ms per commit (fsync included)"
+    )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--proxies", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        action="append",
+        metavar="PAIRS_PER_S",
+        help="also measure grant+release latency at this offered rate (open loop; repeatable)",
+    )
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--client-cpu", type=int, default=1)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="run the server under cProfile (slower) and print where its time goes",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--book", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fleet", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        sys.exit(serve(args.fleet, args.db, args.port, args.server_cpu, args.profile))
+    if args.book:
+        book_only(args.fleet, args.db, args.clients, args.seconds, args.warmup, args.server_cpu)
+        return
+
+    if args.clients > args.proxies:
+        parser.error("--clients must not exceed --proxies (every client holds one lease at a time)")
+    cpus = os.sched_getaffinity(0)
+    pinned = (
+        args.server_cpu in cpus and args.client_cpu in cpus and args.server_cpu != args.client_cpu
+    )
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="discovery-bench-") as tmp:
+        fleet, db = Path(tmp) / "fleet.json", Path(tmp) / "leases.db"
+        _fleet(fleet, args.proxies)
+        command = [sys.executable, "-m", "bench.discovery_leases", "--serve"]
+        command += ["--fleet", str(fleet), "--db", str(db), "--port", str(port)]
+        if pinned:
+            command += ["--server-cpu", str(args.server_cpu)]
+        if args.profile:
+            command += ["--profile", str(args.profile.resolve())]
+        log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115  (closed below)
+        server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+        try:
+            _wait_ready(port, server)
+            if pinned:
+                os.sched_setaffinity(0, {args.client_cpu})
+            _use_uvloop()
+            print(
+                f"discovery_leases: {args.clients} clients, {args.proxies} proxies, "
+                f"{args.seconds:.0f} s per phase after {args.warmup:.0f} s warm-up; server on "
+                + (
+                    f"CPU {args.server_cpu}, clients on CPU {args.client_cpu}"
+                    if pinned
+                    else "unpinned"
+                )
+            )
+            results = asyncio.run(_run(args, port, server.pid))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            log.close()
+        # The lease logic and the durable store alone, on the server's CPU.
+        book_db = Path(tmp) / "book.db"
+        command = [sys.executable, "-m", "bench.discovery_leases", "--book"]
+        command += ["--fleet", str(fleet), "--db", str(book_db), "--clients", str(args.clients)]
+        command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+        if pinned:
+            command += ["--server-cpu", str(args.server_cpu)]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+        book = json.loads(done.stdout.splitlines()[-1])
+        results.insert(
+            2,
+            PhaseResult(
+                "no HTTP", book["pairs"], args.seconds, book["pair_ms"], [], {}, book["cpu"], {}
+            ),
+        )
+    for result in results:
+        print(result.line())
+        busy = {n: c for n, c in sorted(result.threads.items()) if c > 0}
+        if busy:
+            print(
+                "    server CPU per pair by thread: "
+                + ", ".join(f"{n} {c / max(1, result.pairs) * 1e6:.0f} us" for n, c in busy.items())
+            )
+    if args.profile:
+        import pstats
+
+        pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(25)
+    ceiling, leases = results[:2]
+    print(
+        f"grant+release reaches {leases.pairs_per_s / ceiling.pairs_per_s:.0%} of the /healthz ceiling"
+    )
+    print(json.dumps([r.summary() for r in results]))
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _wait_ready(port: int, server: subprocess.Popen[bytes]) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the server did not become ready in 60 s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The HTTP API for crawlers (DESIGN.md, "Discovery API"), on Starlette.
+
+Every error answers `{"error": code, "detail": text}`: 400 bad input (a body
+that fails validation included), 401 token, 404 unknown lease or path, 405
+method, 409 nothing eligible (with Retry-After), 413 body too large, 503
+store unavailable.
+
+Starlette rather than FastAPI: on the one core the service is sized for,
+FastAPI's per-request machinery cost more than the lease logic and the
+durable commit together (see docs/discovery.md, "Performance"). Bodies are
+validated by the pydantic models of schemas.py, and the OpenAPI document is
+built from those same models (openapi.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_json
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
+from discovery.openapi import openapi_document
+from discovery.schemas import LeaseRequest, RenewRequest, ReportRequest
+from discovery.selection import Selector
+from discovery.service import Service
+from discovery.targets import host_of
+
+log = logging.getLogger("discovery.http")
+
+M = TypeVar("M", bound=BaseModel)
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+
+
+class BadInput(Exception):
+    pass
+
+
+def json_response(
+    content: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(to_json(content), status, headers, media_type="application/json")
+
+
+def error(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    return json_response({"error": code, "detail": detail}, status, headers)
+
+
+def _describe(exc: ValidationError) -> str:
+    # Locations and messages only: inputs are echoed nowhere.
+    problems = []
+    for item in exc.errors(include_input=False, include_url=False)[:10]:
+        where = ".".join(str(p) for p in item["loc"]) or "body"
+        problems.append(f"{where}: {item['msg']}")
+    return "; ".join(problems)
+
+
+async def _parse(request: Request, model: type[M], *, optional: bool = False) -> M:
+    raw = await request.body()
+    if optional and not raw.strip():
+        return model()
+    if not raw.strip():
+        raise BadInput("a JSON body is required")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise BadInput(_describe(exc)) from None
+
+
+def _host(target: str | None) -> str | None:
+    if target is None:
+        return None
+    try:
+        return host_of(target)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def create_app(service: Service) -> ASGIApp:
+    """The ASGI app: the routes, wrapped in request metrics, bearer auth and a body size limit."""
+
+    def book() -> LeaseBook:  # exists once the lifespan has started the service
+        return service.book
+
+    async def grant(request: Request) -> Response:
+        body = await _parse(request, LeaseRequest)
+        selector = Selector()
+        if body.selector is not None:
+            selector = Selector(body.selector.provider, body.selector.zone, body.selector.labels)
+        lease = await book().grant(
+            body.holder, ttl=body.ttl_seconds, selector=selector, host=_host(body.target)
+        )
+        return json_response(book().lease_json(lease), 201)
+
+    async def renew(request: Request) -> Response:
+        body = await _parse(request, RenewRequest, optional=True)
+        lease = await book().renew(request.path_params["lease_id"], ttl=body.ttl_seconds)
+        return json_response(book().lease_json(lease))
+
+    async def report(request: Request) -> Response:
+        body = await _parse(request, ReportRequest)
+        await book().report(request.path_params["lease_id"], body.outcome, host=_host(body.target))
+        return Response(status_code=204)
+
+    async def release(request: Request) -> Response:
+        await book().release(request.path_params["lease_id"])
+        return Response(status_code=204)
+
+    async def proxies(request: Request) -> Response:
+        return json_response({"proxies": book().proxies_json()})
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if not service.ready:
+            return error(503, "not_ready", "the service is starting or stopping")
+        return json_response({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+    document = to_json(openapi_document(bearer=bool(service.settings.token)))
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    # -- errors --------------------------------------------------------------------------
+
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        return error(400, "bad_request", str(exc))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        return error(exc.status_code, code, exc.detail, exc.headers)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(404, "lease_not_found", "no such lease, or it has ended")
+
+    async def conflict(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, NoProxyAvailable)
+        return error(
+            409, "no_proxy_available", exc.detail, headers={"Retry-After": str(exc.retry_after)}
+        )
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        return error(503, "store_unavailable", str(exc), headers={"Retry-After": "1"})
+
+    async def internal(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error", exc_info=exc)
+        return error(500, "internal_error", "internal error; see the service's log")
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/leases", grant, methods=["POST"]),
+            Route("/v1/leases/{lease_id}/renew", renew, methods=["POST"]),
+            Route("/v1/leases/{lease_id}/report", report, methods=["POST"]),
+            Route("/v1/leases/{lease_id}", release, methods=["DELETE"]),
+            Route("/v1/proxies", proxies, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+        ],
+        exception_handlers={
+            BadInput: bad_input,
+            HTTPException: http_error,
+            LeaseNotFound: not_found,
+            NoProxyAvailable: conflict,
+            StoreUnavailable: unavailable,
+            Exception: internal,
+        },
+        lifespan=lifespan,
+    )
+    return RequestMetrics(
+        BearerAuth(BodyLimit(app), service.settings.token), service.metrics.request_seconds
+    )

@@ -1,0 +1,235 @@
+"""`python -m discovery serve ...`: the companion service (DESIGN.md, "Command lines").
+
+    python -m discovery serve --fleet FILE --listen HOST:PORT --db PATH
+        [--probe-target HOST:PORT] [--probe-interval SECONDS] [--lease-cooldown SECONDS]
+        [--max-lease-ttl SECONDS] [--health-workers N] [--allow-remote-without-token]
+    python -m discovery serve --stack NAME ...       (runs `pulumi stack output` itself)
+
+The bearer token comes from the environment (DISCOVERY_TOKEN), never from the
+command line, where every user of the machine could read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from discovery import logs
+from discovery.fleet import FleetError
+from discovery.logs import event
+from discovery.settings import DEFAULT_PROBE_TARGET, Settings, is_loopback, split_host_port
+from discovery.store import StoreError
+
+if TYPE_CHECKING:
+    from discovery.service import Service
+
+log = logging.getLogger("discovery")
+
+TOKEN_ENV = "DISCOVERY_TOKEN"
+STACK_REFRESH_ENV = "DISCOVERY_STACK_REFRESH_SECONDS"
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _positive(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return int(text)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    try:
+        return split_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m discovery", description=__doc__.split("\n")[0])
+    commands = root.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the lease service",
+        description="Run the discovery service: health-probe the fleet and lease proxies to crawlers. "
+        f"Bearer token from ${TOKEN_ENV}.",
+    )
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--fleet",
+        type=Path,
+        metavar="FILE",
+        help="the manifest, or the output of `pulumi stack output --json --show-secrets`; "
+        "re-read when it changes and on SIGHUP",
+    )
+    source.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="run `pulumi stack output fleet --json --show-secrets --stack NAME` (in the current "
+        f"directory) at start, on SIGHUP and every ${STACK_REFRESH_ENV} seconds (default 60)",
+    )
+    serve.add_argument("--listen", required=True, type=_host_port, metavar="HOST:PORT")
+    serve.add_argument(
+        "--db", required=True, type=Path, metavar="PATH", help="the SQLite lease store"
+    )
+    serve.add_argument(
+        "--probe-target",
+        type=_host_port,
+        default=split_host_port(DEFAULT_PROBE_TARGET),
+        metavar="HOST:PORT",
+        help=f"what each health probe CONNECTs to through the proxy (default {DEFAULT_PROBE_TARGET})",
+    )
+    serve.add_argument("--probe-interval", type=_positive, default=10.0, metavar="SECONDS")
+    serve.add_argument(
+        "--lease-cooldown",
+        type=_non_negative,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a proxy reported `blocked` is not leased (for that target, or at all); default 600",
+    )
+    serve.add_argument(
+        "--max-lease-ttl",
+        type=_positive,
+        default=300.0,
+        metavar="SECONDS",
+        help="the default and the cap of a lease's TTL; default 300",
+    )
+    serve.add_argument("--health-workers", type=_count, default=256, metavar="N")
+    serve.add_argument(
+        "--allow-remote-without-token",
+        action="store_true",
+        help=f"listen on a non-loopback address although ${TOKEN_ENV} is not set (anyone who "
+        "reaches the port can then take proxies and their credentials)",
+    )
+    return root
+
+
+def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
+    """Settings from parsed arguments and the environment; ValueError on a refusal."""
+    token = environ.get(TOKEN_ENV) or None
+    host, port = args.listen
+    if token is None and not is_loopback(host) and not args.allow_remote_without_token:
+        raise ValueError(
+            f"refusing to listen on {host} without a token: set {TOKEN_ENV}, listen on "
+            "127.0.0.1, or pass --allow-remote-without-token"
+        )
+    refresh_text = environ.get(STACK_REFRESH_ENV, "60")
+    try:
+        refresh = _positive(refresh_text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{STACK_REFRESH_ENV}: {exc}") from None
+    probe_host, probe_port = args.probe_target
+    probe_target = (
+        f"[{probe_host}]:{probe_port}" if ":" in probe_host else f"{probe_host}:{probe_port}"
+    )
+    return Settings(
+        listen_host=host,
+        listen_port=port,
+        db=args.db,
+        fleet_file=args.fleet,
+        stack=args.stack,
+        probe_target=probe_target,
+        probe_interval=args.probe_interval,
+        lease_cooldown=args.lease_cooldown,
+        max_lease_ttl=args.max_lease_ttl,
+        health_workers=args.health_workers,
+        token=token,
+        allow_remote_without_token=args.allow_remote_without_token,
+        stack_refresh=refresh,
+    )
+
+
+def serve(settings: Settings) -> int:
+    from discovery.service import Service
+
+    service = Service(settings)
+    try:
+        service.open()
+    except (StoreError, FleetError) as exc:
+        event(log, logging.ERROR, "cannot start", error=str(exc))
+        return 1
+    return run_server(service)
+
+
+def run_server(service: Service) -> int:
+    """Serves the API of an opened service with uvicorn (one worker) until SIGTERM or SIGINT."""
+    import uvicorn  # imported here: `--help` and argument errors stay fast
+
+    from discovery.app import create_app
+
+    settings = service.settings
+    config = uvicorn.Config(
+        create_app(service),
+        host=settings.listen_host,
+        port=settings.listen_port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        backlog=4096,
+    )
+    server = uvicorn.Server(config)
+
+    # uvicorn re-raises the signal that stopped it once it has shut down
+    # gracefully; with the default disposition that would end the process
+    # "killed by SIGTERM". A handler of our own makes a clean stop exit 0.
+    def stopped(signum: int, _: FrameType | None) -> None:
+        event(log, logging.INFO, "stopped by signal", signal=signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
+    event(
+        log,
+        logging.INFO,
+        "starting",
+        listen=f"{settings.listen_host}:{settings.listen_port}",
+        db=str(settings.db),
+        auth="bearer" if settings.token else "none",
+        max_lease_ttl=settings.max_lease_ttl,
+        lease_cooldown=settings.lease_cooldown,
+        probe_target=settings.probe_target,
+        probe_interval=settings.probe_interval,
+    )
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn's way to fail a start (port taken: 3); ours is 1
+        return 1 if exc.code else 0
+    finally:
+        service.store.close()  # no-op after a clean stop; frees the lock otherwise
+    return 0 if server.started else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args, dict(os.environ))
+    except ValueError as exc:
+        print(f"discovery: {exc}", file=sys.stderr)
+        return 2
+    # The token stays in this process's memory only: the pulumi subprocess and
+    # anything else started from here must not inherit it.
+    os.environ.pop(TOKEN_ENV, None)
+    logs.configure(secrets=(settings.token,) if settings.token else ())
+    return serve(settings)

@@ -1,0 +1,31 @@
+"""What the lease service needs from the health engine (health/engine.py
+satisfies it structurally; tests pass small fakes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from health.model import HealthListener, ProxyEndpoint, ProxyHealth
+
+
+class HealthSource(Protocol):
+    def set_fleet(self, endpoints: Iterable[ProxyEndpoint]) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def health(self, name: str) -> ProxyHealth | None: ...
+
+    def all(self) -> list[ProxyHealth]: ...
+
+    def report_error(self, name: str, error: str) -> None: ...
+
+    async def probe_now(self, name: str) -> ProxyHealth: ...
+
+
+# Builds the engine once the service knows its listener and metrics registry.
+HealthFactory = Callable[[HealthListener, CollectorRegistry], HealthSource]

@@ -1,0 +1,182 @@
+"""ASGI layers around the API: request metrics, bearer auth, body size limit.
+
+Plain ASGI rather than Starlette's BaseHTTPMiddleware: these run on every
+request, and BaseHTTPMiddleware's extra task and stream per request cost
+more than the lease logic itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from prometheus_client import Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from discovery.logs import event
+
+log = logging.getLogger("discovery.http")
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    code: str,
+    detail: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    body = json.dumps({"error": code, "detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestMetrics:
+    """Times every request into a histogram labelled with the route template
+    (never the raw path: lease ids would make one series per lease)."""
+
+    def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
+        self.app = app
+        self._histogram = histogram
+        self._children: dict[tuple[str, str, int], Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = getattr(scope.get("route"), "path", "unmatched")
+            key = (scope["method"], route, status)
+            child = self._children.get(key)
+            if child is None:
+                child = self._histogram.labels(*map(str, key))
+                self._children[key] = child
+            child.observe(elapsed)
+            event(
+                log,
+                logging.DEBUG,
+                "request",
+                method=scope["method"],
+                route=route,
+                status=status,
+                ms=round(elapsed * 1000, 3),
+            )
+
+
+class BearerAuth:
+    """`Authorization: Bearer <token>` on /v1/* when a token is configured.
+
+    Both sides are hashed before the constant-time comparison so that not even
+    the token's length leaks through timing.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self._digest = hashlib.sha256(token.encode()).digest() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self._digest is not None
+            and scope["type"] == "http"
+            and (scope["path"] == "/v1" or scope["path"].startswith("/v1/"))
+            and not self._authorized(scope)
+        ):
+            await send_error(
+                send,
+                401,
+                "unauthorized",
+                "missing or wrong bearer token",
+                [(b"www-authenticate", b'Bearer realm="discovery"')],
+            )
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self._digest is not None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() != b"bearer":
+                    return False
+                given = hashlib.sha256(credentials.strip()).digest()
+                return hmac.compare_digest(given, self._digest)
+        return False
+
+
+class BodyLimit:
+    """Refuses request bodies over `limit` bytes with 413, before any of it is parsed."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit():
+                    await send_error(send, 400, "bad_request", "invalid Content-Length")
+                    return
+                if int(value) > self.limit:
+                    await self._too_large(send)
+                    return
+        # Read the whole (bounded) body now; chunked uploads have no length up front.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await send_error(
+            send, 413, "payload_too_large", f"request bodies are limited to {self.limit} bytes"
+        )

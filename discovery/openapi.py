@@ -1,0 +1,200 @@
+"""The API's OpenAPI 3.1 document, built from the same pydantic models that
+validate requests (discovery/schemas.py), so the document cannot drift from
+what the service accepts and answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from discovery.schemas import (
+    ErrorAnswer,
+    LeaseAnswer,
+    LeaseRequest,
+    ProxiesAnswer,
+    RenewRequest,
+    ReportRequest,
+    StatusAnswer,
+)
+
+_REF = "#/components/schemas/{model}"
+JSON = "application/json"
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel], description: str, **extra: Any) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": _ref(model)}}, **extra}
+
+
+def _error(description: str, **extra: Any) -> dict[str, Any]:
+    return _json(ErrorAnswer, description, **extra)
+
+
+_LEASE_ID = {
+    "name": "lease_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "the `id` of a lease answer",
+}
+_COMMON_ERRORS = {
+    "400": _error("bad input: the body fails validation (wrong types, unknown fields, ...)"),
+    "401": _error("missing or wrong bearer token (only when the service has one)"),
+    "413": _error("request body larger than 64 KiB"),
+    "503": _error("the lease store could not record the change; nothing was changed"),
+}
+_NOT_FOUND = {"404": _error("no such lease, or it has ended (released, expired, revoked)")}
+_NO_CONTENT = {"204": {"description": "done"}}
+
+
+def _body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {JSON: {"schema": _ref(model)}}}
+
+
+def _operations() -> dict[str, dict[str, Any]]:
+    return {
+        "/v1/leases": {
+            "post": {
+                "operationId": "grant",
+                "tags": ["leases"],
+                "summary": "Grant an exclusive lease on a healthy proxy",
+                "description": "TTL defaults to, and is capped by, the service's max lease TTL. "
+                "Without `target`, only proxies cooling down everywhere are skipped.",
+                "requestBody": _body(LeaseRequest),
+                "responses": {
+                    "201": _json(LeaseAnswer, "the lease; its proxy URL carries the credentials"),
+                    "409": _error(
+                        "every matching proxy is leased, unhealthy or cooling down",
+                        headers={
+                            "Retry-After": {
+                                "description": "seconds until the first matching proxy is free",
+                                "required": True,
+                                "schema": {"type": "integer", "minimum": 1},
+                            }
+                        },
+                    ),
+                    **_COMMON_ERRORS,
+                },
+            }
+        },
+        "/v1/leases/{lease_id}/renew": {
+            "post": {
+                "operationId": "renew",
+                "tags": ["leases"],
+                "summary": "Extend a lease to now + TTL, never past the max lease TTL",
+                "parameters": [_LEASE_ID],
+                "requestBody": _body(RenewRequest, required=False),
+                "responses": {
+                    "200": _json(LeaseAnswer, "the lease with its new expiry"),
+                    **_NOT_FOUND,
+                    **_COMMON_ERRORS,
+                },
+            }
+        },
+        "/v1/leases/{lease_id}/report": {
+            "post": {
+                "operationId": "report",
+                "tags": ["leases"],
+                "summary": "Say how the proxy did",
+                "description": "`blocked` puts the proxy into cooldown for the target's host "
+                "name (every target without one); `error` counts against its health.",
+                "parameters": [_LEASE_ID],
+                "requestBody": _body(ReportRequest),
+                "responses": {**_NO_CONTENT, **_NOT_FOUND, **_COMMON_ERRORS},
+            }
+        },
+        "/v1/leases/{lease_id}": {
+            "delete": {
+                "operationId": "release",
+                "tags": ["leases"],
+                "summary": "Release a lease",
+                "parameters": [_LEASE_ID],
+                "responses": {**_NO_CONTENT, **_NOT_FOUND, **_COMMON_ERRORS},
+            }
+        },
+        "/v1/proxies": {
+            "get": {
+                "operationId": "proxies",
+                "tags": ["fleet"],
+                "summary": "The fleet with health, latency, lease and cooldown state",
+                "description": "Never shows credentials.",
+                "responses": {
+                    "200": _json(ProxiesAnswer, "every proxy of the fleet, in manifest order"),
+                    "401": _COMMON_ERRORS["401"],
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "tags": ["service"],
+                "summary": "Liveness",
+                "security": [],
+                "responses": {"200": _json(StatusAnswer, "the process answers")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "tags": ["service"],
+                "summary": "Readiness: store open, fleet loaded, health engine running",
+                "security": [],
+                "responses": {
+                    "200": _json(StatusAnswer, "ready"),
+                    "503": _error("starting or stopping"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "tags": ["service"],
+                "summary": "Prometheus metrics of the service and of its health engine",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def openapi_document(*, bearer: bool) -> dict[str, Any]:
+    """The document; `bearer`: /v1/* operations require the token."""
+    models: list[type[BaseModel]] = [
+        LeaseRequest,
+        RenewRequest,
+        ReportRequest,
+        LeaseAnswer,
+        ProxiesAnswer,
+        ErrorAnswer,
+        StatusAnswer,
+    ]
+    _, schemas = models_json_schema(
+        [(m, "validation" if m.__name__.endswith("Request") else "serialization") for m in models],
+        ref_template=_REF,
+    )
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "egress-proxies discovery",
+            "version": "1",
+            "summary": "Exclusive leases on the fleet's egress proxies, for crawlers",
+        },
+        "paths": _operations(),
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+    if bearer:
+        document["security"] = [{"bearer": []}]
+    return document

@@ -1,0 +1,111 @@
+"""The JSON bodies of the HTTP API (DESIGN.md, "Discovery API"), as pydantic
+models: they validate requests and describe answers in the OpenAPI document.
+
+Requests are strict: a wrong type is an error rather than coerced ("5" is no
+number of seconds), and unknown fields are errors, so a misspelled
+`ttlSecond` is reported instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from discovery.targets import TARGET_PATTERN
+
+_STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, description="seconds, > 0")]
+Target = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=2048,
+        pattern=TARGET_PATTERN,
+        description="a URL or a host name (ASCII; IDN in xn-- form); cooldowns are kept per host name",
+        examples=["https://example.com/page", "example.com"],
+    ),
+]
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class Selector(BaseModel):
+    model_config = _STRICT
+    provider: Name | None = None
+    zone: Name | None = None
+    labels: dict[Name, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+class LeaseRequest(BaseModel):
+    model_config = _STRICT
+    holder: Annotated[
+        str, Field(min_length=1, max_length=256, description="who holds the lease (a crawler id)")
+    ]
+    ttl_seconds: Annotated[
+        Seconds | None,
+        Field(alias="ttlSeconds", description="defaults to, and is capped by, --max-lease-ttl"),
+    ] = None
+    selector: Selector | None = None
+    target: Target | None = None
+
+
+class RenewRequest(BaseModel):
+    model_config = _STRICT
+    ttl_seconds: Annotated[
+        Seconds | None,
+        Field(
+            alias="ttlSeconds", description="defaults to the lease's TTL; capped by --max-lease-ttl"
+        ),
+    ] = None
+
+
+class ReportRequest(BaseModel):
+    model_config = _STRICT
+    outcome: Literal["ok", "blocked", "error"]
+    target: Target | None = None
+
+
+class LeaseProxy(BaseModel):
+    name: str
+    url: str = Field(description="http://user:pass@host:port; the only place credentials appear")
+
+
+class LeaseAnswer(BaseModel):
+    id: str
+    holder: str
+    proxy: LeaseProxy
+    expires_at: str = Field(alias="expiresAt", description="RFC 3339, UTC")
+
+
+class CooldownView(BaseModel):
+    target: str = Field(description="a host name, or * for every target")
+    until: str = Field(description="RFC 3339, UTC")
+
+
+class ProxyView(BaseModel):
+    name: str
+    provider: str
+    type: str
+    zone: str | None
+    labels: dict[str, str]
+    health: Literal["unknown", "healthy", "unhealthy"]
+    latency_ms: float | None = Field(alias="latencyMs")
+    last_error: str | None = Field(alias="lastError")
+    leased: bool
+    cooldowns: list[CooldownView]
+
+
+class ProxiesAnswer(BaseModel):
+    proxies: list[ProxyView]
+
+
+class ErrorAnswer(BaseModel):
+    error: str = Field(description="a stable code: bad_request, unauthorized, lease_not_found, ...")
+    detail: str
+
+
+class StatusAnswer(BaseModel):
+    status: str

@@ -1,0 +1,51 @@
+"""The service's configuration, as given on the command line (see cli.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PROBE_TARGET = "example.com:443"
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen_host: str
+    listen_port: int
+    db: Path
+    fleet_file: Path | None = None
+    stack: str | None = None
+    probe_target: str = DEFAULT_PROBE_TARGET
+    probe_interval: float = 10.0
+    lease_cooldown: float = 600.0
+    max_lease_ttl: float = 300.0
+    health_workers: int = 256
+    token: str | None = field(default=None, repr=False)
+    allow_remote_without_token: bool = False
+    stack_refresh: float = 60.0  # seconds between `pulumi stack output` runs
+    file_poll: float = 1.0  # seconds between looks at the fleet file
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError with a message otherwise."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{value!r}: port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{value!r}: write an IPv6 address as [ADDRESS]:PORT")
+    return host, port

@@ -1,0 +1,312 @@
+"""Running the discovery service in tests.
+
+- :class:`FakeHealth`: a health source whose verdicts the test sets, for
+  tests about lease rules rather than probing.
+- :class:`ServerThread`: the real ASGI app under uvicorn on 127.0.0.1 in a
+  thread of the test process (fast to start; state reachable for asserts).
+- :class:`ServiceProcess`: `python -m discovery serve` as a subprocess with
+  its log captured (restarts, SIGKILL, what the log holds).
+- :func:`manifest` / :func:`write_fleet`: fleet manifests v1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from discovery.app import create_app
+from discovery.service import Service
+from discovery.settings import Settings
+from health.model import Health, HealthListener, ProxyEndpoint, ProxyHealth
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- manifests -----------------------------------------------------------------------------
+
+
+def proxy_entry(
+    name: str,
+    *,
+    port: int = 3128,
+    host: str = "127.0.0.1",
+    provider: str = "corp",
+    zone: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    username: str | None = None,
+    password: str | None = None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": name,
+        "id": "proxy-" + hashlib.sha256(name.encode()).hexdigest()[:10],
+        "provider": provider,
+        "type": "external",
+        "zone": zone,
+        "host": host,
+        "port": port,
+        "labels": dict(labels or {}),
+    }
+    if username is not None:
+        entry["auth"] = {"username": username, "password": password}
+    return entry
+
+
+def manifest(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    return {"version": 1, "project": "egress-proxies", "stack": "test", "proxies": list(entries)}
+
+
+def write_fleet(
+    path: Path, entries: Iterable[dict[str, Any]], *, as_stack_output: bool = False
+) -> None:
+    """Writes atomically (rename), as `pulumi stack output --json > file` through a temp file would."""
+    document: dict[str, Any] = manifest(entries)
+    if as_stack_output:
+        document = {"fleet": document, "other": "output"}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document))
+    os.replace(tmp, path)
+
+
+# -- a health source the test controls -----------------------------------------------------
+
+
+class FakeHealth:
+    """Satisfies discovery.health_source.HealthSource; every proxy starts as `initial`."""
+
+    def __init__(self, listener: HealthListener, initial: Health = Health.HEALTHY) -> None:
+        self.listener = listener
+        self.initial = initial
+        self.states: dict[str, ProxyHealth] = {}
+        self.errors: list[tuple[str, str]] = []
+        self.started = False
+
+    def set_fleet(self, endpoints: Iterable[ProxyEndpoint]) -> None:
+        names = [e.name for e in endpoints]
+        self.states = {
+            n: self.states.get(n) or ProxyHealth(n, self.initial, 1.5, None, None) for n in names
+        }
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    def health(self, name: str) -> ProxyHealth | None:
+        return self.states.get(name)
+
+    def all(self) -> list[ProxyHealth]:
+        return list(self.states.values())
+
+    def report_error(self, name: str, error: str) -> None:
+        self.errors.append((name, error))
+
+    async def probe_now(self, name: str) -> ProxyHealth:
+        return self.states[name]
+
+    def set(self, name: str, health: Health, error: str | None = None) -> None:
+        """Changes a verdict and tells the listener, as the engine does."""
+        self.states[name] = ProxyHealth(name, health, 1.5, error, datetime.now(UTC))
+        self.listener.on_health_change(name, health)
+
+
+# -- the app in a thread -------------------------------------------------------------------
+
+
+@dataclass
+class ServerThread:
+    """uvicorn serving create_app(Service(...)) on 127.0.0.1, in a daemon thread."""
+
+    settings: Settings
+    initial: Health = Health.HEALTHY
+    clock: Callable[[], float] = time.time
+    fake: FakeHealth | None = None
+    service: Service = field(init=False)
+    _server: uvicorn.Server = field(init=False)
+    _thread: threading.Thread = field(init=False)
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def __post_init__(self) -> None:
+        def factory(listener: HealthListener, registry: CollectorRegistry) -> FakeHealth:
+            self.fake = FakeHealth(listener, self.initial)
+            return self.fake
+
+        self.service = Service(self.settings, health_factory=factory, clock=self.clock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.listen_port}"
+
+    def start(self) -> Self:
+        self.service.open()
+        config = uvicorn.Config(
+            create_app(self.service),
+            host="127.0.0.1",
+            port=self.settings.listen_port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            backlog=4096,
+        )
+        self._server = uvicorn.Server(config)
+
+        def run() -> None:
+            asyncio.run(self._serve())
+
+        self._thread = threading.Thread(target=run, name="discovery-test-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the discovery app did not start")
+            time.sleep(0.01)
+        return self
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Runs fn on the server's event loop (where all lease state lives) and returns its result."""
+        assert self._loop is not None
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "listen_host": "127.0.0.1",
+        "listen_port": free_port(),
+        "db": tmp_path / "leases.db",
+        "fleet_file": tmp_path / "fleet.json",
+        "probe_interval": 0.5,
+        "file_poll": 0.1,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+# -- the service as a subprocess -----------------------------------------------------------
+
+
+class ServiceProcess:
+    """`python -m discovery serve ARGS` with stderr (the JSON log) kept in a file."""
+
+    def __init__(
+        self, args: list[str], *, log_path: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.args = args
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+        listen = args[args.index("--listen") + 1]
+        self.url = f"http://{listen}"
+
+    def start(self, *, wait_ready: bool = True, timeout: float = 20.0) -> Self:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "discovery", "serve", *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"discovery exited with {self.process.returncode}:\n{self.log()}"
+                )
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"discovery not ready in {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL, the way a crash or the OOM killer ends it."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                lines.append({"event": "(not json)", "line": line})
+        return lines
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout} s")
+        time.sleep(interval)

@@ -1,0 +1,170 @@
+"""`python -m discovery serve`: the flags of DESIGN.md and the refusals."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from discovery.cli import main, parser, settings_from
+from discovery.settings import is_loopback, split_host_port
+from discovery.store import LeaseStore
+from tests.support.discovery import proxy_entry, write_fleet
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["serve", "--fleet", "f.json", "--listen", "127.0.0.1:8080", "--db", "l.db"]
+
+
+def settings(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return settings_from(parser().parse_args(argv), env or {})
+
+
+def test_every_flag_of_the_design() -> None:
+    s = settings(
+        [
+            "serve",
+            "--fleet",
+            "out.json",
+            "--listen",
+            "[::1]:9000",
+            "--db",
+            "/var/lib/discovery/leases.db",
+            "--probe-target",
+            "www.example.com:443",
+            "--probe-interval",
+            "2.5",
+            "--lease-cooldown",
+            "120",
+            "--max-lease-ttl",
+            "90",
+            "--health-workers",
+            "32",
+        ],
+        {"DISCOVERY_TOKEN": "t0ken"},
+    )
+    assert (s.listen_host, s.listen_port) == ("::1", 9000)
+    assert s.fleet_file == Path("out.json") and s.stack is None
+    assert s.db == Path("/var/lib/discovery/leases.db")
+    assert s.probe_target == "www.example.com:443"
+    assert (s.probe_interval, s.lease_cooldown, s.max_lease_ttl) == (2.5, 120, 90)
+    assert s.health_workers == 32
+    assert s.token == "t0ken"
+    assert "t0ken" not in repr(s)
+
+
+def test_stack_instead_of_fleet() -> None:
+    s = settings(["serve", "--stack", "prod", "--listen", "127.0.0.1:1", "--db", "x"])
+    assert s.stack == "prod" and s.fleet_file is None
+    with pytest.raises(SystemExit):
+        settings([*BASE, "--stack", "prod"])
+    with pytest.raises(SystemExit):
+        settings(["serve", "--listen", "127.0.0.1:1", "--db", "x"])
+
+
+def test_defaults() -> None:
+    s = settings(BASE)
+    assert s.token is None
+    assert s.probe_interval == 10 and s.max_lease_ttl == 300 and s.lease_cooldown == 600
+    assert s.health_workers == 256 and s.stack_refresh == 60
+
+
+def test_without_a_token_only_loopback_unless_told_otherwise() -> None:
+    remote = ["serve", "--fleet", "f", "--listen", "0.0.0.0:8080", "--db", "d"]
+    with pytest.raises(ValueError, match="DISCOVERY_TOKEN"):
+        settings(remote)
+    assert settings(remote, {"DISCOVERY_TOKEN": "x"}).listen_host == "0.0.0.0"
+    assert settings([*remote, "--allow-remote-without-token"]).token is None
+    assert settings(["serve", "--fleet", "f", "--listen", "localhost:1", "--db", "d"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--listen", "8080"],
+        ["--listen", "::1:8080"],
+        ["--listen", "host:99999"],
+        ["--probe-interval", "0"],
+        ["--probe-interval", "-1"],
+        ["--max-lease-ttl", "nan"],
+        ["--lease-cooldown", "-5"],
+        ["--health-workers", "0"],
+        ["--probe-target", "nohostport"],
+    ],
+)
+def test_bad_values_are_usage_errors(bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        parser().parse_args([*BASE, *bad])
+    assert caught.value.code == 2
+
+
+def test_a_cooldown_of_zero_turns_cooldowns_off() -> None:
+    assert settings([*BASE, "--lease-cooldown", "0"]).lease_cooldown == 0
+
+
+def test_refusal_exits_2_with_the_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISCOVERY_TOKEN", raising=False)
+    assert main(["serve", "--fleet", "f", "--listen", "10.1.2.3:80", "--db", "d"]) == 2
+    assert "refusing to listen on 10.1.2.3" in capsys.readouterr().err
+
+
+def test_a_missing_fleet_file_stops_the_service_with_exit_1(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "discovery",
+            *BASE[:2],
+            str(tmp_path / "none.json"),
+            *BASE[3:5],
+            "--db",
+            str(tmp_path / "l.db"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "cannot read" in done.stderr and "none.json" in done.stderr
+
+
+def test_host_port_helpers() -> None:
+    assert split_host_port("[::1]:80") == ("::1", 80)
+    assert split_host_port("a.example:0") == ("a.example", 0)
+    assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    write_fleet(tmp_path / "f.json", [proxy_entry("a")])
+    command = [sys.executable, "-m", "discovery", "serve", "--fleet", str(tmp_path / "f.json")]
+    command += ["--db", str(tmp_path / "l.db"), "--probe-target", "127.0.0.1:9", *args]
+    return subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_a_store_in_use_stops_a_second_service_with_exit_1(tmp_path: Path) -> None:
+    store = LeaseStore(tmp_path / "l.db")
+    store.open()
+    try:
+        done = _serve(tmp_path, "--listen", "127.0.0.1:1")
+    finally:
+        store.close()
+    assert done.returncode == 1
+    assert "in use by another discovery service" in done.stderr
+
+
+def test_a_taken_port_stops_the_service_with_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = _serve(tmp_path, "--listen", f"127.0.0.1:{taken.getsockname()[1]}")
+    assert done.returncode == 1
+    assert "address already in use" in done.stderr

@@ -1,0 +1,509 @@
+"""The lease book's rules, driven directly (no HTTP), with a real store and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from discovery.fleet import Fleet, parse_fleet
+from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.metrics import Metrics
+from discovery.selection import Selector
+from discovery.store import LeaseStore, StoreError
+from health.model import Health
+from tests.support.discovery import FakeHealth, manifest, proxy_entry
+
+ANY = Selector()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class World:
+    book: LeaseBook
+    health: FakeHealth
+    clock: Clock
+    store: LeaseStore
+    metrics: Metrics
+    db: Path
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+    def rows(self, sql: str) -> list[Any]:
+        with sqlite3.connect(self.db) as db:
+            return db.execute(sql).fetchall()
+
+
+def fleet_of(*entries: dict[str, Any]) -> Fleet:
+    return parse_fleet(manifest(entries))
+
+
+def simple_fleet(count: int, **kwargs: Any) -> Fleet:
+    return fleet_of(*(proxy_entry(f"p{i}", port=4000 + i, **kwargs) for i in range(count)))
+
+
+def run(
+    tmp_path: Path,
+    fleet: Fleet,
+    scenario: Callable[[World], Awaitable[None]],
+    *,
+    max_ttl: float = 60.0,
+    cooldown: float = 300.0,
+    initial: Health = Health.HEALTHY,
+    clock: Clock | None = None,
+) -> None:
+    clock = clock or Clock()
+    db = tmp_path / "leases.db"
+
+    async def main() -> None:
+        store = LeaseStore(db)
+        state = store.open()
+        metrics = Metrics(CollectorRegistry())
+        holder: list[LeaseBook] = []
+
+        class Listener:
+            def on_health_change(self, name: str, health: Health) -> None:
+                holder[0].on_health_change(name, health)
+
+        health = FakeHealth(Listener(), initial)
+        book = LeaseBook(
+            store=store,
+            health=health,
+            metrics=metrics,
+            max_ttl=max_ttl,
+            cooldown=cooldown,
+            probe_interval=5.0,
+            clock=clock,
+        )
+        holder.append(book)
+        await book.restore(state, fleet)
+        try:
+            await scenario(World(book, health, clock, store, metrics, db))
+        finally:
+            store.close()
+
+    asyncio.run(main())
+
+
+# -- grant ----------------------------------------------------------------------------------
+
+
+def test_grant_spreads_use_least_recently_used_first(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        names = []
+        for _ in range(6):
+            lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+            names.append(lease.proxy.name)
+            w.clock.advance(1)
+            await w.book.release(lease.id)
+        # Not the first proxy over and over: each in turn, then the least recently used again.
+        assert names == ["p0", "p1", "p2", "p0", "p1", "p2"]
+
+    run(tmp_path, simple_fleet(3), scenario)
+
+
+def test_least_recently_used_order_survives_a_restart(tmp_path: Path) -> None:
+    fleet = simple_fleet(3)
+
+    async def first(w: World) -> None:
+        for _ in range(2):  # p0 then p1 used; p2 never
+            lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+            w.clock.advance(1)
+            await w.book.release(lease.id)
+
+    async def second(w: World) -> None:
+        got = [(await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name]
+        got.append((await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name)
+        assert got == ["p2", "p0"]
+
+    clock = Clock()
+    run(tmp_path, fleet, first, clock=clock)
+    run(tmp_path, fleet, second, clock=clock)
+
+
+def test_grant_answers_the_lease_with_credentials_and_rfc3339_expiry(tmp_path: Path) -> None:
+    fleet = fleet_of(proxy_entry("home-0", port=3128, username="crawler", password="p@ss:w/rd"))
+
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("crawler-7", ttl=30, selector=ANY, host=None)
+        answer = w.book.lease_json(lease)
+        assert answer == {
+            "id": lease.id,
+            "holder": "crawler-7",
+            "proxy": {"name": "home-0", "url": "http://crawler:p%40ss%3Aw%2Frd@127.0.0.1:3128"},
+            "expiresAt": "2027-01-15T08:00:30.000Z",
+        }
+
+    run(tmp_path, fleet, scenario)
+
+
+def test_ttl_defaults_to_and_is_capped_by_the_max(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        default = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        capped = await w.book.grant("c", ttl=10_000, selector=ANY, host=None)
+        short = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        now = w.clock.now
+        assert default.expires_at == now + 60
+        assert capped.expires_at == now + 60
+        assert short.expires_at == now + 5
+
+    run(tmp_path, simple_fleet(3), scenario, max_ttl=60)
+
+
+def test_selector_by_provider_zone_and_labels(tmp_path: Path) -> None:
+    fleet = fleet_of(
+        proxy_entry("a", provider="kvm-home", zone="nas1", labels={"site": "home", "tier": "1"}),
+        proxy_entry("b", provider="kvm-home", zone="nas2", labels={"site": "home"}),
+        proxy_entry("c", provider="corp", zone=None, labels={"site": "office"}),
+    )
+
+    async def scenario(w: World) -> None:
+        async def pick(selector: Selector) -> str:
+            lease = await w.book.grant("c", ttl=None, selector=selector, host=None)
+            await w.book.release(lease.id)
+            return lease.proxy.name
+
+        assert await pick(Selector(provider="corp")) == "c"
+        assert await pick(Selector(zone="nas2")) == "b"
+        assert await pick(Selector(labels={"site": "home", "tier": "1"})) == "a"
+        assert await pick(Selector(provider="kvm-home", labels={"site": "home"})) in ("a", "b")
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=Selector(labels={"site": "mars"}), host=None)
+        assert denied.value.reason == "no_match"
+
+    run(tmp_path, fleet, scenario)
+
+
+def test_leases_are_exclusive_under_concurrent_grants(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        results = await asyncio.gather(
+            *(w.book.grant(f"c{i}", ttl=None, selector=ANY, host=None) for i in range(200)),
+            return_exceptions=True,
+        )
+        granted = [r for r in results if not isinstance(r, BaseException)]
+        denied = [r for r in results if isinstance(r, NoProxyAvailable)]
+        assert len(granted) == 50 and len(denied) == 150
+        assert len({lease.proxy.name for lease in granted}) == 50
+        assert w.rows("SELECT count(*), count(DISTINCT proxy) FROM leases") == [(50, 50)]
+
+    run(tmp_path, simple_fleet(50), scenario)
+
+
+def test_unhealthy_and_unknown_proxies_are_not_leased(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        assert denied.value.reason == "unhealthy"
+        assert denied.value.retry_after == 5  # the probe interval: the earliest news
+        w.health.set("p1", Health.HEALTHY)
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p1"
+
+    run(tmp_path, simple_fleet(2), scenario, initial=Health.UNKNOWN)
+
+
+def test_a_proxy_turning_unhealthy_leaves_the_pool(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        w.health.set("p0", Health.UNHEALTHY)
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p1"
+        with pytest.raises(NoProxyAvailable):
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+
+    run(tmp_path, simple_fleet(2), scenario)
+
+
+# -- 409 and Retry-After --------------------------------------------------------------------
+
+
+def test_retry_after_is_when_the_first_matching_proxy_frees_up(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        await w.book.grant("c", ttl=40, selector=ANY, host=None)
+        w.clock.advance(10)
+        await w.book.grant("c", ttl=20, selector=ANY, host=None)  # free at +30 from now... +20
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        assert denied.value.reason == "leased"
+        assert denied.value.retry_after == 20
+        assert w.sample("discovery_lease_denials_total", reason="leased") == 1
+
+    run(tmp_path, simple_fleet(2), scenario)
+
+
+def test_retry_after_is_rounded_up_to_whole_seconds(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        await w.book.grant("c", ttl=2.2, selector=ANY, host=None)
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        assert denied.value.retry_after == 3
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+# -- renew ----------------------------------------------------------------------------------
+
+
+def test_renew_extends_but_never_past_the_max_ttl(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=20, selector=ANY, host=None)
+        w.clock.advance(15)
+        renewed = await w.book.renew(lease.id, ttl=None)  # the lease's own TTL again
+        assert renewed.expires_at == w.clock.now + 20
+        renewed = await w.book.renew(lease.id, ttl=3600)
+        assert renewed.expires_at == w.clock.now + 60  # capped
+        assert w.rows("SELECT expires_at FROM leases") == [(w.clock.now + 60,)]
+
+    run(tmp_path, simple_fleet(1), scenario, max_ttl=60)
+
+
+def test_unknown_or_ended_leases_are_not_found(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew("nope", ttl=None)
+        lease = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        await w.book.release(lease.id)
+        for call in (
+            w.book.renew(lease.id, ttl=None),
+            w.book.release(lease.id),
+            w.book.report(lease.id, "ok", host=None),
+        ):
+            with pytest.raises(LeaseNotFound):
+                await call
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+# -- expiry ---------------------------------------------------------------------------------
+
+
+def test_expired_leases_end_on_their_own(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(4.9)
+        assert await w.book.expire_due() == 0
+        w.clock.advance(0.1)
+        # Past its time the lease is gone for the API even before the sweep...
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew(lease.id, ttl=None)
+        # ...and the sweep ends it in the store and frees the proxy.
+        assert await w.book.expire_due() == 1
+        assert w.rows("SELECT count(*) FROM leases") == [(0,)]
+        assert w.sample("discovery_leases_expired_total") == 1
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_a_renewed_lease_is_not_expired_at_its_old_time(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(4)
+        await w.book.renew(lease.id, ttl=10)
+        w.clock.advance(2)
+        assert await w.book.expire_due() == 0
+        await w.book.renew(lease.id, ttl=None)
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+# -- reports and cooldowns ------------------------------------------------------------------
+
+
+def test_blocked_for_a_target_cools_down_for_that_host_only(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        await w.book.report(lease.id, "blocked", host="example.com")
+        await w.book.release(lease.id)
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        assert denied.value.reason == "cooldown"
+        assert denied.value.retry_after == 300
+        other = await w.book.grant("c", ttl=None, selector=ANY, host="example.org")
+        assert other.proxy.name == "p0"
+        await w.book.release(other.id)
+        w.clock.advance(300)
+        assert (
+            await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        ).proxy.name == "p0"
+        assert w.rows("SELECT outcome, target FROM reports") == [("blocked", "example.com")]
+
+    run(tmp_path, simple_fleet(1), scenario, cooldown=300)
+
+
+def test_blocked_without_a_target_cools_down_everywhere(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.report(lease.id, "blocked", host=None)
+        await w.book.release(lease.id)
+        for host in (None, "example.com", "example.org"):
+            with pytest.raises(NoProxyAvailable):
+                await w.book.grant("c", ttl=None, selector=ANY, host=host)
+        [view] = w.book.proxies_json()
+        assert view["cooldowns"] == [{"target": "*", "until": "2027-01-15T08:05:00.000Z"}]
+        assert w.sample("discovery_reports_total", outcome="blocked") == 1
+
+    run(tmp_path, simple_fleet(1), scenario, cooldown=300)
+
+
+def test_a_cooling_proxy_is_skipped_for_the_next_one(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        first = await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        await w.book.report(first.id, "blocked", host="example.com")
+        await w.book.release(first.id)
+        w.clock.advance(1)
+        names = set()
+        for _ in range(2):
+            names.add(
+                (await w.book.grant("c", ttl=None, selector=ANY, host="example.com")).proxy.name
+            )
+        assert names == {"p1", "p2"}
+
+    run(tmp_path, simple_fleet(3), scenario)
+
+
+def test_a_leased_and_cooling_proxy_frees_up_at_the_later_of_both(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=30, selector=ANY, host=None)
+        await w.book.report(lease.id, "blocked", host="example.com")
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        assert denied.value.retry_after == 100
+        with pytest.raises(NoProxyAvailable) as denied:
+            await w.book.grant("c", ttl=None, selector=ANY, host="example.org")
+        assert denied.value.retry_after == 30
+
+    run(tmp_path, simple_fleet(1), scenario, cooldown=100)
+
+
+def test_error_reports_count_against_the_proxys_health(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.report(lease.id, "error", host="example.com")
+        await w.book.report(lease.id, "ok", host=None)
+        assert w.health.errors == [("p0", "a crawler reported an error for example.com")]
+        assert w.rows("SELECT outcome FROM reports ORDER BY seq") == [("error",), ("ok",)]
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+# -- fleet changes and restarts -------------------------------------------------------------
+
+
+def test_fleet_change_keeps_leases_of_remaining_proxies_and_ends_the_others(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        a = await w.book.grant("c", ttl=None, selector=Selector(labels={"n": "a"}), host=None)
+        b = await w.book.grant("c", ttl=None, selector=Selector(labels={"n": "b"}), host=None)
+        await w.book.report(b.id, "blocked", host=None)
+        new = fleet_of(
+            proxy_entry("a", port=5001, labels={"n": "a"}),  # moved: new port
+            proxy_entry("c", labels={"n": "c"}),
+        )
+        w.health.initial = Health.UNKNOWN
+        change = await w.book.apply_fleet(new)
+        assert (change.added, change.removed, change.changed) == (["c"], ["b"], ["a"])
+        assert (await w.book.renew(a.id, ttl=None)).proxy.url.endswith(":5001")
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew(b.id, ttl=None)
+        assert w.rows("SELECT proxy FROM leases") == [("a",)]
+        assert w.rows("SELECT count(*) FROM cooldowns") == [(0,)]
+        assert w.sample("discovery_leases_revoked_total") == 1
+        # The newcomer is leasable only once it has been probed healthy.
+        with pytest.raises(NoProxyAvailable):
+            await w.book.grant("c", ttl=None, selector=Selector(labels={"n": "c"}), host=None)
+        w.health.set("c", Health.HEALTHY)
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "c"
+
+    fleet = fleet_of(proxy_entry("a", labels={"n": "a"}), proxy_entry("b", labels={"n": "b"}))
+    run(tmp_path, fleet, scenario)
+
+
+def test_restore_keeps_leases_and_cooldowns_and_ends_expired_or_departed(tmp_path: Path) -> None:
+    clock = Clock()
+    fleet = simple_fleet(3)
+    ids: dict[str, str] = {}
+
+    async def before(w: World) -> None:
+        for name, ttl in (("p0", 60), ("p1", 5), ("p2", 60)):
+            lease = await w.book.grant("c", ttl=ttl, selector=Selector(), host=None)
+            assert lease.proxy.name == name
+            ids[name] = lease.id
+        await w.book.report(ids["p0"], "blocked", host="example.com")
+
+    async def after(w: World) -> None:
+        assert await w.book.renew(ids["p0"], ttl=None)
+        for gone in ("p1", "p2"):  # p1 expired while down; p2 left the fleet
+            with pytest.raises(LeaseNotFound):
+                await w.book.renew(ids[gone], ttl=None)
+        assert w.rows("SELECT proxy FROM leases") == [("p0",)]
+        [p0, p1] = w.book.proxies_json()
+        assert p0["leased"] and p0["cooldowns"][0]["target"] == "example.com"
+        assert not p1["leased"]
+
+    run(tmp_path, fleet, before, clock=clock)
+    clock.advance(10)
+    run(tmp_path, simple_fleet(2), after, clock=clock)
+
+
+# -- the store failing ----------------------------------------------------------------------
+
+
+def test_a_grant_the_store_cannot_record_is_not_made(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        real_write = w.store.write
+
+        def failing(ops: Any) -> Any:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(StoreError("disk full"))
+            return future
+
+        w.store.write = failing  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.store.write = real_write  # type: ignore[method-assign]
+        assert not w.book.proxies_json()[0]["leased"]
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_metrics_snapshot(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        w.health.set("p2", Health.UNHEALTHY)
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.report(lease.id, "blocked", host="x.example")
+        snapshot = w.book.snapshot()
+        assert snapshot.leases_active == 1
+        assert snapshot.cooldowns_active == 1
+        assert snapshot.proxies_by_health == {"healthy": 2, "unhealthy": 1, "unknown": 0}
+
+    run(tmp_path, simple_fleet(3), scenario)
+
+
+def test_a_grant_does_not_wait_for_the_sweep_to_free_an_expired_lease(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        old = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(5)
+        new = await w.book.grant("d", ttl=None, selector=ANY, host=None)  # no expire_due() between
+        assert new.proxy.name == "p0"
+        assert w.rows("SELECT id FROM leases") == [(new.id,)]
+        assert w.sample("discovery_leases_expired_total") == 1
+        with pytest.raises(LeaseNotFound):
+            await w.book.release(old.id)
+
+    run(tmp_path, simple_fleet(1), scenario)
