@@ -102,6 +102,7 @@ def run_program(
     state_file: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 120.0,
+    rpc_timeout: float = 60.0,
     secret_config: Sequence[str] = (),
     new_resource_hook: str | None = None,
     call_hook: str | None = None,
@@ -112,6 +113,8 @@ def run_program(
     passed as JSON strings, as Pulumi passes structured config. Hooks are "module:function"
     names imported in the program's process: new_resource_hook(MockResourceArgs) may
     return (id, outputs) or None for the default; call_hook(MockCallArgs) a dict or None.
+    rpc_timeout bounds each call to the dynamic provider (hybrid): raise it above the
+    resources' own waits (a VM's ipTimeoutSeconds), or a slow create is cut off.
     """
     if mode not in ("up", "destroy", "up-destroy"):
         raise ValueError(f"unknown mode {mode!r}")
@@ -133,6 +136,7 @@ def run_program(
             "state_file": str(state),
             "result_file": str(work / "result.json"),
             "provider_log": str(work / "provider.log"),
+            "rpc_timeout": rpc_timeout,
             "hooks": {"new_resource": new_resource_hook, "call": call_hook},
         }
         (work / "request.json").write_text(json.dumps(request))

@@ -282,7 +282,10 @@ def main(request_path: str) -> None:
     mode = request["mode"]
     needs_provider = request["hybrid"] or mode in ("destroy", "up-destroy")
     provider = ProviderProcess(
-        project=request["project"], config=request["config"], log_path=request["provider_log"]
+        project=request["project"],
+        config=request["config"],
+        log_path=request["provider_log"],
+        rpc_timeout=request.get("rpc_timeout", 60.0),
     )
     try:
         if needs_provider:
