@@ -61,11 +61,6 @@ def load(base_dir: Path | None = None) -> StackConfig:
     config = validate(raw_config(), base_dir or Path.cwd())
     for warning in config.warnings:
         pulumi.log.warn(warning)
-    missing = sorted({r.provider.type for r in config.replicas()} - set(backends(config.base_dir)))
-    if missing:
-        raise ConfigError(
-            [ConfigIssue("providers", f"backend not available yet: {', '.join(missing)}")]
-        )
     return config
 
 
