@@ -1,16 +1,16 @@
 """cloud-init NoCloud documents (user-data, vendor-data, meta-data) for VM proxies.
 
-The user-data installs squid, writes its config (and password file), restarts
-it, and carries the operator's own `userData` merged in:
+The user-data installs squid (when the image lacks it), writes its config
+(and password file), restarts it, and carries the operator's own `userData` merged in:
 
 - mappings merge recursively, lists concatenate (the proxy's items first, so
-  its packages and commands come before the user's);
+  its files and commands come before the user's);
 - for scalars the user's value wins, except where the proxy's own setup would
   break: a user `write_files` entry for a file the proxy writes (squid.conf,
   the password file) and a `hostname` other than the proxy's (its
   deterministic name, shared with meta-data and the fleet) are errors, never
   silently dropped;
-- a user key whose type differs from the proxy's (e.g. `packages: squid`) is an
+- a user key whose type differs from the proxy's (e.g. `runcmd: reboot`) is an
   error; an empty user key (`runcmd:` with nothing) adds nothing.
 
 Every document is deterministic: mapping keys are emitted sorted.  Errors name
@@ -50,8 +50,8 @@ _OTHER_FORMATS = (
 )
 
 # Vendor-data as a script, not #cloud-config: cloud-init lets user-data keys
-# replace vendor-data keys wholesale, and our user-data always has `packages`
-# and `runcmd`, so a vendor `packages: [qemu-guest-agent]` would be dropped.
+# replace vendor-data keys wholesale: a vendor `packages: [qemu-guest-agent]`
+# would be dropped by any user `packages`.
 _VENDOR_SCRIPT = """\
 #!/bin/sh
 # egress-proxies vendor-data: the QEMU guest agent lets the libvirt host read
@@ -195,9 +195,18 @@ def _check_protected(theirs: dict[str, Any], owned_paths: list[str], hostname: s
         )
 
 
+# Not `packages: [squid]`: that runs `apt-get update` on every boot even when
+# the image has squid (11 s per VM under emulation, and a mirror round trip in
+# production). confold keeps the squid.conf written just before.
+INSTALL_SQUID = (
+    "[ -x /usr/sbin/squid ] || { apt-get update && DEBIAN_FRONTEND=noninteractive "
+    "apt-get install -y -o Dpkg::Options::=--force-confold squid; }"
+)
+
+
 def _write_file(path: str, content: str, owner: str, permissions: str) -> dict[str, Any]:
-    # defer: written in cloud-init's final stage, after `packages` installed
-    # squid and so created the proxy group that owns the password file.
+    # defer: written in cloud-init's final stage, after any user `packages`;
+    # the proxy group owning the password file is Debian's base-passwd own.
     return {
         "path": path,
         "content": content,
@@ -217,11 +226,10 @@ def _proxy_config(
             _write_file(password_file, password_file_content, f"root:{SQUID_GROUP}", "0640")
         )
     config: dict[str, Any] = {
-        "packages": ["squid"],
         "write_files": files,
         # runcmd runs after the deferred files are written (scripts-user
         # follows write-files-deferred in the final stage).
-        "runcmd": ["systemctl enable squid", "systemctl restart squid"],
+        "runcmd": [INSTALL_SQUID, "systemctl enable --no-reload squid", "systemctl restart squid"],
     }
     if hostname is not None:
         config["hostname"] = hostname

@@ -58,6 +58,9 @@ class KvmImage(Model):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
     format: Literal["qcow2", "raw"] = "qcow2"
     firmware: Literal["uefi", "bios"] = "uefi"
+    # The base volume stays in the host's pool after the stack stops using it
+    # (destroy, or a new url): a cache for the next `up`. False frees the space.
+    keep_on_destroy: bool = True
 
     @field_validator("url")
     @classmethod

@@ -52,6 +52,7 @@ class KvmBackend:
                 url=image.url,
                 sha256=image.sha256,
                 format=image.format,
+                keep=image.keep_on_destroy,
             )
         return self._bases[key]
 

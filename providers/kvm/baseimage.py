@@ -8,15 +8,18 @@ a base without a marker is a download that never finished.
 
 Base volumes are named by content (proxyinfra.names.base_volume): a changed
 url or sha256 lands beside the old base, whose overlays keep their backing
-file until they are replaced; the old base is deleted only once no volume in
-the pool backs onto it, which delete checks on the host.
+file until they are replaced. With ``keep`` (the config's default), delete
+leaves base and marker in the pool as a cache for the next create; without,
+the base is deleted only once no volume in the pool backs onto it, which
+delete checks on the host.
 
 Create uses the cached copy when base and marker exist and the marker agrees
 with a configured sha256, so an image given by a "latest" URL is pinned at
 its first fetch on each host. A failed create removes what it made.
 
 Inputs: ``host`` (HostAccess.to_props()), ``url``, ``sha256`` (optional),
-``format`` (qcow2 or raw), ``volume`` and ``marker`` (the names). Outputs:
+``format`` (qcow2 or raw), ``keep`` (bool), ``volume`` and ``marker`` (the
+names). Outputs:
 the inputs plus ``path``, ``digest`` (sha256 of the bytes), ``size`` (bytes
 of the file) and ``cached`` (whether create found it already there).
 """
@@ -67,7 +70,7 @@ from proxyinfra.names import base_marker_volume, base_volume
 Log = logging.LoggerAdapter[logging.Logger]
 
 FORMATS = ("qcow2", "raw")
-INPUTS = ("host", "url", "sha256", "format", "volume", "marker")
+INPUTS = ("host", "url", "sha256", "format", "volume", "marker", "keep")
 # Where a base lives; the other host fields only say how to get there.
 HOST_IDENTITY = ("address", "port", "socket", "pool")
 CHUNK = MIB  # per HTTP read and per libvirt stream send: memory is a few of these
@@ -162,6 +165,14 @@ class BaseImageProvider(KvmProvider):
         access = self.access(props)
         volume, marker = props["volume"], props["marker"]
         log = self.logger(access, volume)
+        if props.get("keep") is True:
+            # The cache outlives the stack: the next create of this content on
+            # this host (any stack) skips the download.
+            log.info(
+                "base image kept in pool %r as a cache (keepOnDestroy); nothing deleted",
+                access.pool,
+            )
+            return
         conn = self.connection(props).libvirt()
         try:
             pool = lookup_pool(conn, access)
@@ -295,6 +306,8 @@ def input_failures(news: dict[str, Any]) -> list[CheckFailure]:
         )
     if "format" not in unknown and fmt not in FORMATS:
         failures.append(CheckFailure("format", f"must be one of {FORMATS}, got {fmt!r}"))
+    if "keep" not in unknown and not isinstance(props.get("keep", False), bool):
+        failures.append(CheckFailure("keep", f"must be true or false, got {props['keep']!r}"))
     if "host" not in unknown:
         failures += _host_failures(props.get("host"))
     if failures or unknown & {"url", "sha256", "format", "volume", "marker"}:
@@ -576,8 +589,9 @@ def _delete(vol: Any) -> None:
 
 
 class BaseImage(pulumi.dynamic.Resource):
-    """One image on one host. Inputs ``host``, ``url``, ``sha256``, ``format``
-    and the content-derived ``volume`` and ``marker``; outputs those plus
+    """One image on one host. Inputs ``host``, ``url``, ``sha256``, ``format``,
+    ``keep`` (delete leaves the volumes as a cache) and the content-derived
+    ``volume`` and ``marker``; outputs those plus
     ``path``, ``digest``, ``size`` (bytes) and ``cached``."""
 
     volume: pulumi.Output[str]
@@ -595,6 +609,7 @@ class BaseImage(pulumi.dynamic.Resource):
         url: str,
         sha256: str | None = None,
         format: str = "qcow2",
+        keep: bool = False,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         volume = base_volume(url, sha256, format)
@@ -605,6 +620,7 @@ class BaseImage(pulumi.dynamic.Resource):
             "format": format,
             "volume": volume,
             "marker": base_marker_volume(volume),
+            "keep": keep,
             "path": None,
             "digest": None,
             "size": None,

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-from proxyinfra.cloudinit import render_user_data
+from proxyinfra.cloudinit import INSTALL_SQUID, render_user_data
 from proxyinfra.squid import (
     SquidSettings,
     hash_password,
@@ -404,3 +404,36 @@ def test_schema_check_catches_a_bad_merged_value(tmp_path: Path) -> None:
     result = cloud_init_schema(tmp_path, text)
     assert result.returncode != 0
     assert "package_update" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_install_step_runs_apt_only_when_squid_is_missing(installed: bool, tmp_path: Path) -> None:
+    # The real runcmd line under the real /bin/sh, with the squid binary it
+    # looks for and apt-get moved into tmp_path.
+    squid = tmp_path / "squid"
+    if installed:
+        squid.write_text("#!/bin/sh\n")
+        squid.chmod(0o755)
+    calls = tmp_path / "calls"
+    apt = tmp_path / "bin" / "apt-get"
+    apt.parent.mkdir()
+    apt.write_text(f'#!/bin/sh\necho "$DEBIAN_FRONTEND $*" >> {calls}\n')
+    apt.chmod(0o755)
+    line = INSTALL_SQUID.replace("/usr/sbin/squid", str(squid))
+    assert line != INSTALL_SQUID
+    result = subprocess.run(
+        ["/bin/sh", "-ec", line],
+        env={"PATH": f"{apt.parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    recorded = calls.read_text().splitlines() if calls.exists() else []
+    if installed:
+        assert recorded == []
+    else:
+        assert recorded == [
+            " update",
+            "noninteractive install -y -o Dpkg::Options::=--force-confold squid",
+        ]

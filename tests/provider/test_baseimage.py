@@ -544,6 +544,40 @@ def test_delete_is_refused_while_an_overlay_backs_onto_the_base(
     engine.delete(volume, URN, outs)  # already gone: fine
 
 
+def test_a_kept_base_stays_as_a_cache_and_the_next_create_uses_it(
+    engine: ProviderProcess,
+    server: FileServer,
+    testbed: Testbed,
+    access: HostAccess,
+    pool: Any,
+    made: list[str],
+    tmp_path: Path,
+) -> None:
+    image = serve(server, random_qcow2(tmp_path))
+    outs = create(engine, inputs(access, image.url, image.digest, keep=True), made)
+    assert outs["keep"] is True and outs["cached"] is False
+    overlay = overlay_on(pool, outs["path"], made)  # in use or not, a kept base is not touched
+    window = LogWindow(engine)
+    engine.delete(outs["volume"], URN, outs)
+    assert {*names_of(outs), overlay} <= pool_files(testbed)
+    assert "kept in pool" in window.text and "base image deleted" not in window.text
+
+    # Turning keep off is an in-place change; the next delete frees the space.
+    off = inputs(access, image.url, image.digest, keep=False)
+    diff = engine.diff(outs["volume"], URN, outs, off)
+    assert diff.action == "update" and diff.replaces == []
+    pool.storageVolLookupByName(overlay).delete(0)
+    again = create(engine, off, made)
+    assert again["cached"] is True and again["path"] == outs["path"]
+    engine.delete(again["volume"], URN, again)
+    assert not set(names_of(outs)) & pool_files(testbed)
+
+
+def test_keep_must_be_a_boolean(engine: ProviderProcess, access: HostAccess) -> None:
+    checked = engine.check(URN, {}, inputs(access, "http://127.0.0.1:1/x.qcow2", keep="yes"))
+    assert checked.failures == [("keep", "must be true or false, got 'yes'")]
+
+
 def test_rotation_keeps_the_old_base_until_its_overlays_are_gone(
     engine: ProviderProcess,
     server: FileServer,

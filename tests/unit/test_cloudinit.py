@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from proxyinfra.cloudinit import (
+    INSTALL_SQUID,
     default_vendor_data,
     merge_cloud_config,
     parse_cloud_config,
@@ -68,7 +69,7 @@ def test_golden_vendor_and_meta_data() -> None:
 
 def test_proxy_document_installs_writes_and_restarts() -> None:
     doc = _load(render_user_data(AUTH_CONF, PASSWORDS, None))
-    assert doc["packages"] == ["squid"]
+    assert "packages" not in doc  # an apt-get update per boot, even when the image has squid
     conf, passwords = doc["write_files"]
     assert conf == {
         "path": "/etc/squid/squid.conf",
@@ -84,7 +85,11 @@ def test_proxy_document_installs_writes_and_restarts() -> None:
         "permissions": "0640",
         "defer": True,
     }
-    assert doc["runcmd"] == ["systemctl enable squid", "systemctl restart squid"]
+    assert doc["runcmd"] == [
+        INSTALL_SQUID,
+        "systemctl enable --no-reload squid",
+        "systemctl restart squid",
+    ]
     assert "hostname" not in doc
 
 
@@ -115,8 +120,8 @@ def test_auth_needs_password_file_and_vice_versa_without_leaking() -> None:
 
 def test_merge_lists_concatenate_ours_first_and_scalars_from_user() -> None:
     doc = _load(render_user_data(CONF, None, USER_DATA, hostname="proxy-0123456789"))
-    assert doc["packages"] == ["squid", "htop", "squid"]
-    assert doc["runcmd"] == ["systemctl enable squid", "systemctl restart squid", "echo user-step"]
+    assert doc["packages"] == ["htop", "squid"]
+    assert doc["runcmd"][-2:] == ["systemctl restart squid", "echo user-step"]
     assert [f["path"] for f in doc["write_files"]] == ["/etc/squid/squid.conf", "/etc/motd"]
     assert doc["timezone"] == "Europe/Berlin"
     assert doc["apt"]["primary"][0]["uri"] == "http://mirror.example/debian"
@@ -141,7 +146,7 @@ def test_merge_empty_user_key_keeps_ours() -> None:
 @pytest.mark.parametrize(
     ("user_data", "fragment"),
     [
-        ("#cloud-config\npackages: htop\n", "'packages' is a string, but the proxy's own"),
+        ("#cloud-config\nruncmd: reboot\n", "'runcmd' is a string, but the proxy's own"),
         ("#cloud-config\nruncmd: {a: 1}\n", "'runcmd' is a mapping"),
         ("#cloud-config\nwrite_files: 3\n", "'write_files' is a number"),
     ],

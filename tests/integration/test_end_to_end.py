@@ -1,0 +1,281 @@
+"""The whole product once, as an operator and a crawler meet it.
+
+The proxy image of scripts/build-proxy-image served over HTTP; the stack
+program (hybrid: the kvm dynamic resources really run) brings up two proxy VMs
+on the testbed, cloud-init configures squid from the seed ISO; the discovery
+service runs on the exported manifest, its health engine CONNECTs through both
+VMs; a crawler with `discovery.client` leases one, fetches an HTTPS page
+through it (the page server sees the VM's address), reports it blocked and
+releases it; an immediate grant for that target is refused (409) while the
+other VM is still leased; the stack is destroyed and the host holds no domain,
+overlay or seed of it, only the cached base image.
+
+Prints the time of each stage (run with -s to see them as they happen).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import libvirt
+import pytest
+import yaml
+
+from discovery.client import NoProxyAvailable, lease
+from proxyinfra.names import base_volume, proxy_id
+from tests.harness.program import ProgramResult, run_program
+from tests.support.discovery import ServiceProcess, free_port, wait_for
+from tests.support.http import FileServer
+from tests.support.images import proxy_image
+from tests.support.proxyvm import (
+    PAGE,
+    PageServer,
+    Stages,
+    connect_status,
+    guest_diagnostics,
+    guest_run,
+    leftovers,
+    pool_volumes,
+    remove,
+    self_signed,
+    wait_for_squid,
+)
+from tests.support.testbed import URI, Testbed
+
+pytestmark = pytest.mark.integration
+
+NAMES = ("edge-0", "edge-1")
+USERNAME = "crawler"
+TOKEN = "e2e-discovery-token-" + "5d1c0ffee" * 3
+HEALTHY_TIMEOUT = 300.0  # from the addresses to both proxies healthy (cloud-init under TCG)
+ELSEWHERE = "https://elsewhere.example/"
+
+
+def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
+    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    # With its digest the base is named by content: cached on the host across runs.
+    provider["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
+    provider["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 512}}
+    provider["kvm"]["ipTimeoutSeconds"] = 300
+    return {
+        "providers": [provider],
+        "proxies": [
+            {
+                "name": "edge",
+                "provider": provider["name"],
+                "replicas": len(NAMES),
+                "placement": {"machineType": "small", "image": "proxy"},
+            }
+        ],
+        "squid": {
+            "allowedClients": [str(testbed.subnet)],
+            "connectPorts": ["443", "1024-65535"],
+            # The page server is on the gateway, a private address squid refuses by default.
+            "blockedDestinations": [],
+            "auth": {"username": USERNAME},
+        },
+    }
+
+
+def stack_up(config: dict[str, Any], stack: str, state: Path, mode: str) -> ProgramResult:
+    return run_program(
+        "proxyinfra.program:main",
+        config,
+        stack=stack,
+        hybrid=True,
+        mode=mode,  # type: ignore[arg-type]
+        state_file=state,
+        timeout=1200,
+        rpc_timeout=600,  # above ipTimeoutSeconds: a domain's create waits that long
+    )
+
+
+def discovery(tmp_path: Path, fleet: Path, probe_target: str) -> ServiceProcess:
+    args = ["--fleet", str(fleet), "--db", str(tmp_path / "leases.db")]
+    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-target", probe_target]
+    args += ["--probe-interval", "2", "--lease-cooldown", "600", "--max-lease-ttl", "120"]
+    env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "info"}
+    return ServiceProcess(args, log_path=tmp_path / "discovery.log", env=env)
+
+
+def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
+    answer = client.get("/v1/proxies")
+    answer.raise_for_status()
+    return {p["name"]: p for p in answer.json()["proxies"]}
+
+
+@pytest.fixture
+def conn() -> Iterator[Any]:
+    libvirt.registerErrorHandler(lambda *a: None, None)
+    c = libvirt.open(URI)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(2700)  # a build from nothing takes minutes; cached, the test about five (TCG)
+def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
+    testbed: Testbed, conn: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stages = Stages(capsys)
+    image = proxy_image()
+    stages.add(f"image build ({'cached' if image.cached else 'built'})", image.seconds)
+    if not image.cached:
+        stages.show(image.log)
+
+    stack = f"e2e{uuid.uuid4().hex[:6]}"
+    ids = [proxy_id("egress-proxies", stack, name) for name in NAMES]
+    state = tmp_path / "state.json"
+    files = FileServer()
+    digest = image.path.with_name(image.path.name + ".sha256").read_text().split()[0]
+    config = fleet_config(testbed, files.add("/debian-proxy.qcow2", file=image.path), digest)
+    tls = self_signed(str(testbed.gateway), tmp_path)
+    crawler_tls = ssl.create_default_context(cafile=str(tls[0]))
+    service: ServiceProcess | None = None
+    try:
+        with files, PageServer(str(testbed.gateway), tls=tls) as page:
+            # -- pulumi up ------------------------------------------------------------------
+            started = time.monotonic()
+            up = stack_up(config, stack, state, "up")
+            up_done = time.monotonic()
+            assert up.error is None, f"{up.error}\n{up.provider_log[-6000:]}"
+            stages.add("pulumi up (hybrid), all resources", up_done - started)
+            log = up.provider_log
+            fetched = re.search(r"base image (fetched into host pool|cached) .* in ([\d.]+) s", log)
+            assert fetched is not None, log[-4000:]
+            how = "download" if fetched.group(1).startswith("fetched") else "cached, no download"
+            stages.add(f"download into the pool ({how})", float(fetched.group(2)))
+            booted = dict(
+                (pid, (ip, float(s)))
+                for pid, ip, s in re.findall(
+                    r"name=(proxy-[0-9a-f]{10}) domain has address (\S+) after ([\d.]+)s", log
+                )
+            )
+            assert sorted(booted) == sorted(ids), log[-4000:]
+            boot = max(seconds for _, seconds in booted.values())
+            stages.add("boot to IP (domain start to DHCP lease, slower VM)", boot)
+
+            fleet = up.output("fleet")
+            by_name = {p["name"]: p for p in fleet["proxies"]}
+            assert sorted(by_name) == sorted(NAMES)
+            for name, pid in zip(NAMES, ids, strict=True):
+                entry = by_name[name]
+                assert entry["id"] == pid and entry["type"] == "kvm"
+                assert entry["host"] == booted[pid][0], "the exported address is the VM's"
+                assert entry["auth"]["username"] == USERNAME and entry["auth"]["password"]
+            fleet_file = (
+                tmp_path / "stack-output.json"
+            )  # `pulumi stack output --json --show-secrets`
+            fleet_file.write_text(json.dumps({"fleet": fleet}))
+
+            # -- the discovery service and its health engine -------------------------------
+            service = discovery(tmp_path, fleet_file, page.target).start()
+            client = httpx.Client(
+                base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+            )
+            try:
+                wait_for(
+                    lambda: all(p["health"] == "healthy" for p in proxies(client).values()),
+                    timeout=HEALTHY_TIMEOUT,
+                    interval=1,
+                )
+            except AssertionError:
+                raise AssertionError(
+                    f"not both healthy {HEALTHY_TIMEOUT:.0f}s after the addresses: "
+                    f"{proxies(client)}\n"
+                    + "\n".join(guest_diagnostics(conn.lookupByName(pid)) for pid in ids)
+                    + f"\n{service.log()[-3000:]}"
+                ) from None
+            healthy = time.monotonic()
+            stages.add("first healthy probe of both (since up)", healthy - up_done)
+            stages.add("  ... since domain start, slower VM", healthy - up_done + boot)
+            assert sorted(proxies(client)) == sorted(NAMES)
+
+            for pid in ids:  # cloud-init finished, not just squid up
+                status = guest_run(
+                    conn.lookupByName(pid), "cloud-init", "status", "--long", "--wait", timeout=120
+                )
+                assert "status: done" in status, status
+            ip, port = by_name[NAMES[0]]["host"], by_name[NAMES[0]]["port"]
+            password = by_name[NAMES[0]]["auth"]["password"]
+            assert connect_status(ip, port, page.target, USERNAME, password + "x") == 407
+            assert connect_status(ip, port, page.target, None, None) == 407
+            assert wait_for_squid(ip, port, page.target, time.monotonic() + 5) == 407
+
+            # -- a crawler ----------------------------------------------------------------
+            with ExitStack() as crawler_1:
+                before = time.monotonic()
+                first = crawler_1.enter_context(
+                    lease(service.url, "crawler-1", target=page.url, token=TOKEN, wait=30)
+                )
+                stages.add("first lease", time.monotonic() - before)
+                vm = by_name[first.name]["host"]
+                with httpx.Client(proxy=first.url, verify=crawler_tls, timeout=30) as http:
+                    answer = http.get(page.url)
+                assert answer.status_code == 200 and answer.content == PAGE
+                assert page.clients[-1] == vm, "the page server should see the VM's address"
+
+                with lease(
+                    service.url, "crawler-2", target=page.url, token=TOKEN, wait=30
+                ) as second:
+                    assert second.name != first.name
+                    first.report("blocked")
+                    crawler_1.close()  # crawler-1 releases its lease
+                    # The same target, immediately: the blocked VM cools down, the other is leased.
+                    with (
+                        pytest.raises(NoProxyAvailable) as refused,
+                        lease(service.url, "crawler-3", target=page.url, token=TOKEN, wait=0),
+                    ):
+                        pass
+                    assert refused.value.status == 409
+                    listed = proxies(client)
+                    assert listed[second.name]["leased"] is True
+                    assert listed[first.name]["leased"] is False
+                    cooling = [c["target"] for c in listed[first.name]["cooldowns"]]
+                    assert cooling == [str(testbed.gateway)]
+                    # The cooldown is for that target only: elsewhere the blocked VM serves.
+                    with lease(
+                        service.url, "crawler-3", target=ELSEWHERE, token=TOKEN, wait=0
+                    ) as other:
+                        assert other.name == first.name
+            assert not any(p["leased"] for p in proxies(client).values())
+            assert service.terminate() == 0
+            service = None
+    finally:
+        if service is not None:
+            service.stop()
+        destroyed = ""
+        if state.exists() and json.loads(state.read_text()).get("resources"):
+            before = time.monotonic()
+            down = run_program(
+                "proxyinfra.program:main",
+                config,
+                stack=stack,
+                hybrid=True,
+                mode="destroy",
+                state_file=state,
+                timeout=600,
+                rpc_timeout=300,
+            )
+            stages.add("pulumi destroy (hybrid)", time.monotonic() - before)
+            if down.destroy_error is not None:
+                destroyed = f"{down.destroy_error}\n{down.provider_log[-4000:]}"
+        left = leftovers(conn, testbed, ids)
+        if left:
+            remove(conn, testbed, ids)
+        stages.show(f"\nend to end, stack {stack}: stages\n{stages.table()}")
+
+    assert not destroyed, destroyed
+    assert left == [], "the destroy left these behind (removed now)"
+    base = base_volume("", digest, "qcow2")
+    assert base in pool_volumes(conn, testbed), "the cached base image should stay"
