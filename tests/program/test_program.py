@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import yaml
 
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.manifest import Manifest, load_schema
@@ -43,6 +44,20 @@ def test_dev_stack_registers_its_proxies_and_exports_a_valid_manifest(testbed: T
     assert [p.id for p in manifest.proxies] == [
         proxy_id("egress-proxies", "dev", p.name) for p in manifest.proxies
     ]
+
+
+def test_dev_stack_points_at_the_testbed_scripts_testbed_makes(testbed: Testbed) -> None:
+    # The README's main job runs the dev stack against `scripts/testbed up`:
+    # its host, key files and allowed clients must be the testbed's.
+    dev = read_raw(ROOT / "Pulumi.dev.yaml")
+    made = yaml.safe_load(testbed.provider_yaml.read_text())
+    (provider,) = dev["providers"]
+    host, made_host = provider["kvm"]["hosts"][0], made["kvm"]["hosts"][0]
+    for key in ("address", "port", "user", "pool", "network", "domainType"):
+        assert host[key] == made_host[key], key
+    for key in ("sshKeyFile", "knownHostsFile"):
+        assert (ROOT / provider["kvm"][key]).resolve() == Path(made["kvm"][key]).resolve(), key
+    assert dev["squid"]["allowedClients"] == [str(testbed.subnet)]
 
 
 def external_config(**squid: Any) -> dict[str, Any]:

@@ -1,9 +1,19 @@
-"""The README's commands: the main job reports a missing Pulumi CLI clearly."""
+"""The README's main job, scripts/up: a missing Pulumi CLI reported clearly, and
+the dev stack's surroundings (testbed, image, image server, backend) in place
+while `pulumi up` runs."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from tests.support.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,3 +37,58 @@ def test_up_without_pulumi_cli_names_the_install_link(tmp_path: Path) -> None:
     assert done.returncode == 127
     assert "Pulumi CLI was not found" in done.stderr
     assert "https://www.pulumi.com/docs/install/" in done.stderr
+
+
+STUB = """\
+#!{python}
+# A stand-in for the Pulumi CLI (not installable here) that records how
+# scripts/up calls it and what is served to the provider while `up` runs.
+import json, os, sys, urllib.request
+record = {{
+    "argv": sys.argv[1:],
+    "backend": os.environ.get("PULUMI_BACKEND_URL"),
+    "passphrase_file": os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"),
+}}
+if sys.argv[1] == "up":
+    with urllib.request.urlopen("http://127.0.0.1:8799/debian-proxy.qcow2", timeout=30) as answer:
+        size = sum(len(chunk) for chunk in iter(lambda: answer.read(1 << 20), b""))
+        record["served"] = [answer.status, size]
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps(record) + "\\n")
+"""
+
+
+def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    # Everything scripts/up does around the CLI, for real: bootstrap, the
+    # testbed, the image build (cached), the image server, the local backend.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "pulumi"
+    stub.write_text(STUB.format(python=sys.executable))
+    stub.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_LOG=str(log))
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "up"), "dev", "--yes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,  # a proxy image build from nothing
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    select, up = [json.loads(line) for line in log.read_text().splitlines()]
+    assert select["argv"] == ["stack", "select", "--create", "dev"]
+    assert up["argv"] == ["up", "--stack", "dev", "--yes"]
+    for call in (select, up):
+        assert call["backend"] == f"file://{ROOT}/.pulumi-state"
+        assert call["passphrase_file"] == f"{ROOT}/.pulumi-state/passphrase"
+    image = ROOT / ".cache" / "images" / "debian-proxy.qcow2"
+    assert up["served"] == [200, image.stat().st_size]
+    passphrase = ROOT / ".pulumi-state" / "passphrase"
+    assert passphrase.stat().st_mode & 0o077 == 0 and passphrase.read_text().strip()
+    # The image server lived only as long as the script.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", 8799), timeout=5).close()
