@@ -52,7 +52,7 @@ def _hosts_check(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from providers.kvm.access import HostAccess
     from providers.kvm.connection import connect
-    from providers.kvm.gc import find_orphans, remove
+    from providers.kvm.gc import find_orphans, find_unused_bases, remove
     from proxyinfra.names import proxy_id
     from proxyinfra.state import load_state, owned_objects, parse_duration
 
@@ -77,6 +77,8 @@ def _gc(args: argparse.Namespace) -> int:
                 orphans = find_orphans(
                     conn, access, PROJECT, args.stack, owned.names, stack_ids, min_age
                 )
+                if args.bases:
+                    orphans += find_unused_bases(conn, access, owned.names, min_age)
                 for o in orphans:
                     age = f"{o.age_seconds / 60:.0f}m" if o.age_seconds is not None else "?"
                     print(f"{o.host}  {o.kind:<6}  {o.name}  age {age}  {o.detail}")
@@ -117,6 +119,12 @@ def parser() -> argparse.ArgumentParser:
         help="only objects at least this old (default: 1h; e.g. 0, 30m, 2d)",
     )
     gc.add_argument("--delete", action="store_true", help="remove them (default: dry run)")
+    gc.add_argument(
+        "--bases",
+        action="store_true",
+        help="also cached base images nothing backs onto (any stack's: the next `up` "
+        "that needs one downloads it again)",
+    )
     gc.add_argument(
         "--state",
         type=Path,

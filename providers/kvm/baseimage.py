@@ -29,12 +29,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import posixpath
 import re
 import struct
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -56,6 +55,7 @@ from providers.kvm.errors import HostResourceMissing, ImageError, InUseError
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
     MIB,
+    backed_by,
     download_small,
     human,
     lookup_pool,
@@ -553,27 +553,6 @@ def volume_facts(vol: Any) -> tuple[str, int | None, int]:
     element = ET.fromstring(xml).find("physical")
     text = (element.text or "").strip() if element is not None else ""
     return info.path, int(text) if text.isdigit() else None, info.capacity
-
-
-def backed_by(volumes: dict[str, Any], path: str, skip: Iterable[str]) -> list[str]:
-    """Names of the volumes whose backing file is `path`, read from each
-    volume's XML on the host (libvirt reads the qcow2 headers)."""
-    users = []
-    for name, vol in volumes.items():
-        if name in skip:
-            continue
-        try:
-            info = parse_volume_xml(vol.XMLDesc(0))
-        except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-                continue  # deleted meanwhile
-            raise
-        backing = info.backing_path
-        if backing and not backing.startswith("/"):  # relative to the overlay's directory
-            backing = posixpath.join(posixpath.dirname(info.path), backing)
-        if backing and posixpath.normpath(backing) == posixpath.normpath(path):
-            users.append(name)
-    return users
 
 
 def _delete(vol: Any) -> None:

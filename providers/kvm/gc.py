@@ -5,6 +5,10 @@ A volume name carries a proxy id, not the stack: a volume is this stack's when
 its id is one of the stack's ids (from the config, the state, or the metadata
 of this stack's domains on the host). Volumes of other stacks sharing the host
 are therefore never touched.
+
+Cached base images belong to no stack (BaseImage keeps them on delete, see
+keepOnDestroy): `find_unused_bases` lists those nothing in the pool backs onto
+and the stack's state does not hold, for `gc --bases`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,13 @@ import libvirt
 
 from providers.kvm.access import HostAccess
 from providers.kvm.domainxml import NS_URI, parse_metadata
+from providers.kvm.volumes import backed_by, parse_volume_xml
+from proxyinfra.names import BASE_PREFIX, base_marker_volume
 
 VOLUME_RE = re.compile(r"^(proxy-[0-9a-f]{10})(\.qcow2|-seed\.iso)$")
+BASE_RE = re.compile(
+    rf"^{re.escape(BASE_PREFIX)}(?:[0-9a-f]{{16}}|u[0-9a-f]{{15}})\.(?:qcow2|raw)$"
+)
 UNDEFINE_FLAGS = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
 
 
@@ -96,8 +105,39 @@ def find_orphans(
     return orphans
 
 
+def find_unused_bases(
+    conn: Any,
+    access: HostAccess,
+    owned: set[str],
+    min_age_seconds: float,
+    now: datetime | None = None,
+) -> list[Orphan]:
+    """Base images (each marker listed before its base) in the host's pool that no
+    volume backs onto and `owned` does not list; a later create downloads them again."""
+    now = now or datetime.now(UTC)
+    pool = conn.storagePoolLookupByName(access.pool)
+    volumes = {v.name(): v for v in pool.listAllVolumes(0)}
+    unused: list[Orphan] = []
+    for name, vol in sorted(volumes.items()):
+        if not BASE_RE.match(name) or name in owned:
+            continue
+        age = _volume_age(vol, now)
+        if age is not None and age < min_age_seconds:
+            continue
+        path = parse_volume_xml(vol.XMLDesc(0)).path
+        if backed_by(volumes, path, skip={name}):
+            continue
+        marker = base_marker_volume(name)
+        detail = f"cached base image in pool {access.pool}, nothing backs onto it"
+        if marker in volumes:
+            unused.append(Orphan(access.host, "volume", marker, age, f"marker of {name}"))
+        unused.append(Orphan(access.host, "volume", name, age, detail))
+    return unused
+
+
 def remove(conn: Any, access: HostAccess, orphans: Iterable[Orphan]) -> None:
-    """Domains first (they hold their volumes), then volumes."""
+    """Domains first (they hold their volumes), then volumes in the order given
+    (a base's marker before the base: a base without marker counts as broken)."""
     for orphan in sorted(orphans, key=lambda o: o.kind != "domain"):
         if orphan.kind == "domain":
             dom = conn.lookupByName(orphan.name)

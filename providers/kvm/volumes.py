@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -162,3 +163,24 @@ def volume_xml(name: str, capacity: int, fmt: str, backing: tuple[str, str] | No
         )
     parts.append("</volume>")
     return "".join(parts)
+
+
+def backed_by(volumes: dict[str, Any], path: str, skip: Iterable[str]) -> list[str]:
+    """Names of the volumes whose backing file is `path`, read from each
+    volume's XML on the host (libvirt reads the qcow2 headers)."""
+    users = []
+    for name, vol in volumes.items():
+        if name in skip:
+            continue
+        try:
+            info = parse_volume_xml(vol.XMLDesc(0))
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                continue  # deleted meanwhile
+            raise
+        backing = info.backing_path
+        if backing and not backing.startswith("/"):  # relative to the overlay's directory
+            backing = posixpath.join(posixpath.dirname(info.path), backing)
+        if backing and posixpath.normpath(backing) == posixpath.normpath(path):
+            users.append(name)
+    return users

@@ -1,11 +1,14 @@
-"""`python -m proxyinfra gc` finds planted orphans on the testbed."""
+"""`python -m proxyinfra gc` finds planted orphans (and, with --bases, unused
+cached base images) on the testbed."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,7 +20,7 @@ import yaml
 
 from providers.kvm.domainxml import DomainSpec, ProxyMetadata, build_domain_xml
 from providers.kvm.volumes import lookup_volume, volume_xml
-from proxyinfra.names import overlay_volume, proxy_id, seed_volume
+from proxyinfra.names import base_marker_volume, overlay_volume, proxy_id, seed_volume
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -169,3 +172,50 @@ def test_gc_refuses_without_readable_state(planted: dict[str, str], tmp_path: Pa
     )
     assert done.returncode == 2
     assert "cannot read the state of stack" in done.stderr
+
+
+def test_gc_bases_removes_only_old_cached_bases_nothing_uses(
+    planted: dict[str, str], testbed: Testbed, tmp_path: Path
+) -> None:
+    conn = libvirt.open("qemu:///system")
+    pool = conn.storagePoolLookupByName(testbed.pool)
+    tag = uuid.uuid4().hex[:12]
+    unused, in_use, owned, fresh = (f"egress-base-{tag}{i:04x}.qcow2" for i in range(4))
+    overlay = f"gc-test-{tag}.qcow2"
+    made = [unused, base_marker_volume(unused), in_use, owned, fresh]
+    try:
+        for name in made:
+            pool.createXML(volume_xml(name, 1024 * 1024, "qcow2"), 0)
+        base_path = f"{testbed.pool_path}/{in_use}"
+        pool.createXML(volume_xml(overlay, 1024 * 1024, "qcow2", (base_path, "qcow2")), 0)
+        made.append(overlay)
+        two_days_ago = time.time() - 2 * 86400
+        for name in made:
+            if name != fresh:
+                os.utime(Path(testbed.pool_path, name), (two_days_ago, two_days_ago))
+        state = json.loads((tmp_path / "state.json").read_text())
+        state["resources"].append({"outputs": {"volume": owned}})
+        (tmp_path / "state.json").write_text(json.dumps(state))
+
+        plain = gc(tmp_path, planted["stack"], "--min-age", "1d")
+        assert plain.returncode == 0, plain.stderr
+        assert tag not in plain.stdout  # bases only when asked for
+
+        dry = gc(tmp_path, planted["stack"], "--min-age", "1d", "--bases")
+        assert dry.returncode == 0, dry.stderr
+        listed = [line for line in dry.stdout.splitlines() if tag in line]
+        assert [line.split()[2] for line in listed] == [base_marker_volume(unused), unused]
+        assert "nothing backs onto it" in listed[1]
+
+        done = gc(tmp_path, planted["stack"], "--min-age", "1d", "--bases", "--delete")
+        assert done.returncode == 0, done.stderr
+        pool.refresh(0)
+        left = {v.name() for v in pool.listAllVolumes(0)}
+        assert not {unused, base_marker_volume(unused)} & left
+        assert {in_use, owned, fresh, overlay} <= left
+    finally:
+        for name in reversed(made):
+            vol = lookup_volume(pool, name)
+            if vol is not None:
+                vol.delete(0)
+        conn.close()

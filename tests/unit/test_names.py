@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from providers.kvm.gc import BASE_RE
 from proxyinfra import names
 
 
@@ -39,3 +40,13 @@ def test_volume_names() -> None:
     assert by_url != names.base_volume("https://x/other.qcow2", None, "qcow2")
     assert by_url != base
     assert names.base_volume("https://x/img.raw", digest, "raw").endswith(".raw")
+
+
+def test_gc_recognises_every_base_name_and_nothing_else() -> None:
+    for fmt in ("qcow2", "raw"):
+        for sha in (None, "ab" * 32):
+            name = names.base_volume("https://images.example/debian.qcow2", sha, fmt)
+            assert BASE_RE.match(name), name
+            assert not BASE_RE.match(names.base_marker_volume(name))
+    assert not BASE_RE.match("egress-base-xyz.qcow2")
+    assert not BASE_RE.match("proxy-0123456789.qcow2")
