@@ -123,9 +123,8 @@ def conn() -> Iterator[Any]:
         c.close()
 
 
-@pytest.mark.timeout(
-    1800
-)  # a hang guard: image build from nothing about 4 min, the rest about 5 (TCG)
+# A hang guard: an image build from nothing takes about 4 min, the rest about 5 (TCG).
+@pytest.mark.timeout(1800)
 def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     testbed: Testbed, conn: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
