@@ -113,6 +113,13 @@ def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
     return {p["name"]: p for p in answer.json()["proxies"]}
 
 
+def both_healthy(client: httpx.Client) -> bool:
+    listed = proxies(client)
+    return sorted(listed) == sorted(NAMES) and all(
+        p["health"] == "healthy" for p in listed.values()
+    )
+
+
 @pytest.fixture
 def conn() -> Iterator[Any]:
     libvirt.registerErrorHandler(lambda *a: None, None)
@@ -186,7 +193,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             )
             try:
                 wait_for(
-                    lambda: all(p["health"] == "healthy" for p in proxies(client).values()),
+                    lambda: both_healthy(client),
                     timeout=HEALTHY_TIMEOUT,
                     interval=1,
                 )
@@ -198,9 +205,10 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                     + f"\n{service.log()[-3000:]}"
                 ) from None
             healthy = time.monotonic()
+            # The probes' CONNECTs really went through both VMs to the target.
+            assert {ip for ip, _ in booted.values()} <= page.peers
             stages.add("first healthy probe of both (since up)", healthy - up_done)
             stages.add("  ... since domain start, slower VM", healthy - up_done + boot)
-            assert sorted(proxies(client)) == sorted(NAMES)
 
             for pid in ids:  # cloud-init finished, not just squid up
                 status = guest_run(

@@ -68,10 +68,12 @@ def self_signed(ip: str, directory: Path) -> tuple[Path, Path]:
 
 
 class PageServer:
-    """HTTP (or HTTPS with `tls`) on `host`; `clients` lists who asked, in order."""
+    """HTTP (or HTTPS with `tls`) on `host`; `clients` lists who asked for the
+    page, in order, `peers` every address that connected."""
 
     def __init__(self, host: str, tls: tuple[Path, Path] | None = None) -> None:
-        self.clients: list[str] = []
+        self.clients: list[str] = []  # who sent a GET
+        self.peers: set[str] = set()  # who connected at all (health probes too)
         self.scheme = "https" if tls else "http"
         self._host = host
         owner = self
@@ -88,7 +90,16 @@ class PageServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._httpd = ThreadingHTTPServer((host, 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def get_request(self) -> tuple[socket.socket, Any]:
+                sock, address = super().get_request()
+                owner.peers.add(address[0])
+                return sock, address
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # health probes connect and leave without a TLS handshake
+
+        self._httpd = Server((host, 0), Handler)
         self._httpd.daemon_threads = True
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
