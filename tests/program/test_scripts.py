@@ -55,14 +55,13 @@ if sys.argv[1] == "up":
         record["served"] = [answer.status, size]
 with open(os.environ["STUB_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
+if sys.argv[1] == "up":
+    sys.exit(int(os.environ.get("STUB_UP_EXIT", "0")))
 """
 
 
-def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
-    testbed: Testbed, tmp_path: Path
-) -> None:
-    # Everything scripts/up does around the CLI, for real: bootstrap, the
-    # testbed, the image build (cached), the image server, the local backend.
+def run_up(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """scripts/up dev --yes with the recording stand-in first on PATH: (result, its log)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "pulumi"
@@ -70,7 +69,7 @@ def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
     stub.chmod(0o755)
     log = tmp_path / "calls.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_LOG=str(log))
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_LOG=str(log), **extra)
     done = subprocess.run(
         [str(ROOT / "scripts" / "up"), "dev", "--yes"],
         env=env,
@@ -78,6 +77,15 @@ def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
         text=True,
         timeout=1800,  # a proxy image build from nothing
     )
+    return done, log
+
+
+def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    # Everything scripts/up does around the CLI, for real: bootstrap, the
+    # testbed, the image build (cached), the image server, the local backend.
+    done, log = run_up(tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     select, up = [json.loads(line) for line in log.read_text().splitlines()]
     assert select["argv"] == ["stack", "select", "--create", "dev"]
@@ -89,6 +97,27 @@ def test_up_serves_the_proxy_image_to_pulumi_up_on_the_dev_stack(
     assert up["served"] == [200, image.stat().st_size]
     passphrase = ROOT / ".pulumi-state" / "passphrase"
     assert passphrase.stat().st_mode & 0o077 == 0 and passphrase.read_text().strip()
-    # The image server lived only as long as the script.
+    # The image server is gone (waited for) by the time the script returns.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", 8799), timeout=5).close()
+
+
+def test_up_stops_before_pulumi_when_the_image_port_is_taken(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 8799)):
+        done, log = run_up(tmp_path)
+    assert done.returncode == 1
+    assert "could not listen on 127.0.0.1:8799 (in use?)" in done.stderr
+    assert "Address already in use" in done.stderr
+    assert not log.exists(), "pulumi must not run without the image server"
+
+
+def test_up_fails_as_pulumi_up_fails_and_still_stops_the_image_server(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    done, log = run_up(tmp_path, STUB_UP_EXIT="3")
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert len(log.read_text().splitlines()) == 2
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", 8799), timeout=5).close()
