@@ -151,7 +151,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     crawler_tls = ssl.create_default_context(cafile=str(tls[0]))
     service: ServiceProcess | None = None
     try:
-        with files, PageServer(str(testbed.gateway), tls=tls) as page:
+        with files, PageServer(str(testbed.gateway), tls=tls) as page, ExitStack() as closing:
             # -- pulumi up ------------------------------------------------------------------
             started = time.monotonic()
             up = stack_up(config, stack, state, "up")
@@ -163,12 +163,8 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             assert fetched is not None, log[-4000:]
             how = "download" if fetched.group(1).startswith("fetched") else "cached, no download"
             stages.add(f"download into the pool ({how})", float(fetched.group(2)))
-            booted = dict(
-                (pid, (ip, float(s)))
-                for pid, ip, s in re.findall(
-                    r"name=(proxy-[0-9a-f]{10}) domain has address (\S+) after ([\d.]+)s", log
-                )
-            )
+            address_lines = r"name=(proxy-[0-9a-f]{10}) domain has address (\S+) after ([\d.]+)s"
+            booted = {pid: (ip, float(s)) for pid, ip, s in re.findall(address_lines, log)}
             assert sorted(booted) == sorted(ids), log[-4000:]
             boot = max(seconds for _, seconds in booted.values())
             stages.add("boot to IP (domain start to DHCP lease, slower VM)", boot)
@@ -181,15 +177,16 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                 assert entry["id"] == pid and entry["type"] == "kvm"
                 assert entry["host"] == booted[pid][0], "the exported address is the VM's"
                 assert entry["auth"]["username"] == USERNAME and entry["auth"]["password"]
-            fleet_file = (
-                tmp_path / "stack-output.json"
-            )  # `pulumi stack output --json --show-secrets`
+            # As `pulumi stack output --json --show-secrets` writes it.
+            fleet_file = tmp_path / "stack-output.json"
             fleet_file.write_text(json.dumps({"fleet": fleet}))
 
             # -- the discovery service and its health engine -------------------------------
             service = discovery(tmp_path, fleet_file, page.target).start()
-            client = httpx.Client(
-                base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+            client = closing.enter_context(
+                httpx.Client(
+                    base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+                )
             )
             try:
                 wait_for(
