@@ -10,7 +10,6 @@ loopback.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import pwd
@@ -41,7 +40,7 @@ from proxyinfra.squid import render_squid_conf, settings_from_config
 from tests.harness.program import ProgramResult, run_program
 from tests.integration.test_squid_real import EchoServer, assert_tunnel_works, squid_parse
 from tests.program.test_gcp_kubernetes import HOOK, UBUNTU
-from tests.support.squid import free_port
+from tests.support.squid import free_port, proxy_connect
 
 pytestmark = pytest.mark.integration
 
@@ -201,22 +200,10 @@ def connect_from(
     source: str, port: int, target: int, credentials: tuple[str, str] | None
 ) -> tuple[int, socket.socket]:
     """CONNECT 127.0.0.1:target through the proxy from a chosen loopback address."""
-    sock = socket.socket()
-    sock.settimeout(10)
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
-    request = f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nHost: 127.0.0.1:{target}\r\n"
-    if credentials is not None:
-        token = base64.b64encode(":".join(credentials).encode()).decode()
-        request += f"Proxy-Authorization: Basic {token}\r\n"
-    sock.sendall((request + "\r\n").encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        head += chunk
-    return int(head.split(b" ", 2)[1]), sock
+    status, _, sock = proxy_connect(
+        "127.0.0.1", port, f"127.0.0.1:{target}", credentials, source=source
+    )
+    return status, sock
 
 
 def test_config_map_and_secret_run_in_squid_as_the_container_would(

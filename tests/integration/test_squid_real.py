@@ -5,7 +5,6 @@ squid 5 and cloud-init come from Debian; every connection stays on 127.0.0.1.
 
 from __future__ import annotations
 
-import base64
 import http.server
 import os
 import re
@@ -27,7 +26,13 @@ from proxyinfra.squid import (
     password_file_line,
     render_squid_conf,
 )
-from tests.support.squid import SQUID, RunningSquid, loopback_settings, start_squid
+from tests.support.squid import (
+    SQUID,
+    RunningSquid,
+    loopback_settings,
+    proxy_connect,
+    start_squid,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -104,32 +109,11 @@ def origin() -> Iterator[http.server.ThreadingHTTPServer]:
 # --- a minimal proxy client --------------------------------------------------
 
 
-def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def _read_head(sock: socket.socket) -> bytes:
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        head += chunk
-    return head
-
-
 def connect(
     proxy_port: int, target_port: int, credentials: tuple[str, str] | None = None
 ) -> tuple[int, bytes, socket.socket]:
     """CONNECT 127.0.0.1:target through the proxy: (status, head, socket)."""
-    sock = socket.create_connection(("127.0.0.1", proxy_port), timeout=10)
-    request = f"CONNECT 127.0.0.1:{target_port} HTTP/1.1\r\nHost: 127.0.0.1:{target_port}\r\n"
-    if credentials:
-        request += f"Proxy-Authorization: {_basic(*credentials)}\r\n"
-    sock.sendall((request + "\r\n").encode())
-    head = _read_head(sock)
-    status = int(head.split(b" ", 2)[1])
-    return status, head, sock
+    return proxy_connect("127.0.0.1", proxy_port, f"127.0.0.1:{target_port}", credentials)
 
 
 def connect_status(

@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from health.probe import connect_request, parse_status
 from proxyinfra.names import overlay_volume, seed_volume
+from tests.support.squid import connect_status
 from tests.support.testbed import Testbed
 
 PAGE = b"egress-proxies: a page fetched through a proxy VM\n"
@@ -133,30 +133,11 @@ class PageServer:
 # -- squid at the socket level -----------------------------------------------------------------
 
 
-def _read_head(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} bytes of the answer")
-        data += chunk
-    return data
-
-
-def connect_status(
-    ip: str, port: int, target: str, username: str | None, password: str | None
-) -> int:
-    """The status squid answers a CONNECT to `target` with."""
-    with socket.create_connection((ip, port), timeout=10) as sock:
-        sock.sendall(connect_request(target, username, password))
-        return parse_status(_read_head(sock))[0]
-
-
 def wait_for_squid(ip: str, port: int, target: str, deadline: float) -> int | None:
     """Polls until squid answers a CONNECT without credentials; its status, or None."""
     while time.monotonic() < deadline:
         try:
-            return connect_status(ip, port, target, None, None)
+            return connect_status(ip, port, target)
         except OSError:  # refused (not started yet), reset, timed out
             time.sleep(1)
     return None

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+from health.probe import connect_request, parse_status
 from proxyinfra.squid import SquidSettings, hash_password, password_file_line, render_squid_conf
 
 SQUID = shutil.which("squid") or "/usr/sbin/squid"
@@ -220,3 +221,50 @@ def start_squid(
         squid.close()
         raise
     return squid
+
+
+# -- a CONNECT client at the socket level ----------------------------------------------------
+
+
+def read_head(sock: socket.socket) -> bytes:
+    """Bytes up to and including the end of an answer's head (maybe a little more)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} bytes of the answer")
+        data += chunk
+    return data
+
+
+def proxy_connect(
+    host: str,
+    port: int,
+    target: str,
+    credentials: tuple[str, str] | None = None,
+    *,
+    source: str | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, bytes, socket.socket]:
+    """CONNECT `target` through the proxy at host:port (from `source`, an address
+    of this machine, when given): (status, answer head, the open socket)."""
+    sock = socket.create_connection(
+        (host, port), timeout=timeout, source_address=(source, 0) if source else None
+    )
+    try:
+        username, password = credentials if credentials is not None else (None, None)
+        sock.sendall(connect_request(target, username, password))
+        head = read_head(sock)
+        return parse_status(head)[0], head, sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def connect_status(
+    host: str, port: int, target: str, credentials: tuple[str, str] | None = None
+) -> int:
+    """The status the proxy answers a CONNECT to `target` with."""
+    status, _, sock = proxy_connect(host, port, target, credentials)
+    sock.close()
+    return status
