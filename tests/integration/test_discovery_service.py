@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.discovery import ServiceProcess, free_port, proxy_entry, wait_for, write_fleet
+from tests.support.discovery import (
+    ServiceProcess,
+    free_port,
+    proxies,
+    proxy_entry,
+    wait_for,
+    write_fleet,
+)
 from tests.support.squid import RunningSquid, loopback_settings, start_squid
 
 pytestmark = pytest.mark.integration
@@ -73,12 +80,6 @@ def service(tmp_path: Path, target: Target, *extra: str, port: int | None = None
     args += ["--max-lease-ttl", "120", "--lease-cooldown", "60", *extra]
     env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "debug"}
     return ServiceProcess(args, log_path=tmp_path / "service.log", env=env)
-
-
-def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
-    answer = client.get("/v1/proxies")
-    answer.raise_for_status()
-    return {p["name"]: p for p in answer.json()["proxies"]}
 
 
 def all_healthy(client: httpx.Client, names: set[str]) -> bool:

@@ -33,14 +33,13 @@ import yaml
 from discovery.client import NoProxyAvailable, lease
 from proxyinfra.names import base_volume, proxy_id
 from tests.harness.program import ProgramResult, run_program
-from tests.support.discovery import ServiceProcess, free_port, wait_for
+from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
 from tests.support.http import FileServer
 from tests.support.images import proxy_image
 from tests.support.proxyvm import (
     PAGE,
     PageServer,
     Stages,
-    connect_status,
     guest_diagnostics,
     guest_run,
     leftovers,
@@ -49,6 +48,7 @@ from tests.support.proxyvm import (
     self_signed,
     wait_for_squid,
 )
+from tests.support.squid import connect_status
 from tests.support.testbed import URI, Testbed
 
 pytestmark = pytest.mark.integration
@@ -105,12 +105,6 @@ def discovery(tmp_path: Path, fleet: Path, probe_target: str) -> ServiceProcess:
     args += ["--probe-interval", "2", "--lease-cooldown", "600", "--max-lease-ttl", "120"]
     env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "info"}
     return ServiceProcess(args, log_path=tmp_path / "discovery.log", env=env)
-
-
-def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
-    answer = client.get("/v1/proxies")
-    answer.raise_for_status()
-    return {p["name"]: p for p in answer.json()["proxies"]}
 
 
 def both_healthy(client: httpx.Client) -> bool:
@@ -214,8 +208,8 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                 assert "status: done" in status, status
             ip, port = by_name[NAMES[0]]["host"], by_name[NAMES[0]]["port"]
             password = by_name[NAMES[0]]["auth"]["password"]
-            assert connect_status(ip, port, page.target, USERNAME, password + "x") == 407
-            assert connect_status(ip, port, page.target, None, None) == 407
+            assert connect_status(ip, port, page.target, (USERNAME, password + "x")) == 407
+            assert connect_status(ip, port, page.target) == 407
             assert wait_for_squid(ip, port, page.target, time.monotonic() + 5) == 407
 
             # -- a crawler ----------------------------------------------------------------

@@ -304,6 +304,13 @@ class ServiceProcess:
         return lines
 
 
+def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
+    """GET /v1/proxies, by name."""
+    answer = client.get("/v1/proxies")
+    answer.raise_for_status()
+    return {p["name"]: p for p in answer.json()["proxies"]}
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
