@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxyinfra import logs
-from proxyinfra.config import KvmProviderEntry
+from proxyinfra.config import KvmHost, KvmProviderEntry
 from proxyinfra.stackfile import load_stack
-from proxyinfra.validation import ConfigError
+from proxyinfra.validation import ConfigError, StackConfig
 
 PROJECT = "egress-proxies"
 
+if TYPE_CHECKING:  # libvirt is imported only by the commands that talk to hosts
+    from providers.kvm.access import HostAccess
+    from providers.kvm.connection import HostConnection
 
-def _hosts_check(args: argparse.Namespace) -> int:
+
+def _kvm_hosts(config: StackConfig) -> Iterator[tuple[KvmHost, HostAccess, HostConnection]]:
+    """Every kvm host of the stack with its access settings and a connection,
+    closed when the caller moves on to the next host."""
     from providers.kvm.access import HostAccess
     from providers.kvm.connection import connect
-    from providers.kvm.hostcheck import check_host
 
-    config = load_stack(args.project_dir, args.stack)
-    rows = []
     for provider in config.providers.values():
         if not isinstance(provider, KvmProviderEntry):
             continue
@@ -29,9 +33,18 @@ def _hosts_check(args: argparse.Namespace) -> int:
             access = HostAccess.of(provider, host, config.base_dir)
             connection = connect(access)
             try:
-                rows.extend(check_host(access, host.domain_type, connection))
+                yield host, access, connection
             finally:
                 connection.close()
+
+
+def _hosts_check(args: argparse.Namespace) -> int:
+    from providers.kvm.hostcheck import check_host
+
+    config = load_stack(args.project_dir, args.stack)
+    rows = []
+    for host, access, connection in _kvm_hosts(config):
+        rows.extend(check_host(access, host.domain_type, connection))
     if not rows:
         print(f"no kvm hosts in Pulumi.{args.stack}.yaml")
         return 0
@@ -50,8 +63,6 @@ def _hosts_check(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from providers.kvm.access import HostAccess
-    from providers.kvm.connection import connect
     from providers.kvm.gc import find_orphans, find_unused_bases, remove
     from proxyinfra.names import proxy_id
     from proxyinfra.state import load_state, owned_objects, parse_duration
@@ -66,27 +77,17 @@ def _gc(args: argparse.Namespace) -> int:
     logical = {r.name for r in config.replicas()} | owned.logical_names
     stack_ids = {proxy_id(PROJECT, args.stack, name) for name in logical}
     found = 0
-    for provider in config.providers.values():
-        if not isinstance(provider, KvmProviderEntry):
-            continue
-        for host in provider.kvm.hosts:
-            access = HostAccess.of(provider, host, config.base_dir)
-            connection = connect(access)
-            try:
-                conn = connection.libvirt()
-                orphans = find_orphans(
-                    conn, access, PROJECT, args.stack, owned.names, stack_ids, min_age
-                )
-                if args.bases:
-                    orphans += find_unused_bases(conn, access, owned.names, min_age)
-                for o in orphans:
-                    age = f"{o.age_seconds / 60:.0f}m" if o.age_seconds is not None else "?"
-                    print(f"{o.host}  {o.kind:<6}  {o.name}  age {age}  {o.detail}")
-                if orphans and args.delete:
-                    remove(conn, access, orphans)
-                found += len(orphans)
-            finally:
-                connection.close()
+    for _, access, connection in _kvm_hosts(config):
+        conn = connection.libvirt()
+        orphans = find_orphans(conn, access, PROJECT, args.stack, owned.names, stack_ids, min_age)
+        if args.bases:
+            orphans += find_unused_bases(conn, access, owned.names, min_age)
+        for o in orphans:
+            age = f"{o.age_seconds / 60:.0f}m" if o.age_seconds is not None else "?"
+            print(f"{o.host}  {o.kind:<6}  {o.name}  age {age}  {o.detail}")
+        if orphans and args.delete:
+            remove(conn, access, orphans)
+        found += len(orphans)
     if not found:
         print(f"no orphans of stack {args.stack!r} older than {args.min_age}")
     elif args.delete:
