@@ -12,18 +12,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tiny_image() -> Path:
-    """Path of tiny-uefi.qcow2 (its .raw twin lies beside it)."""
+def _build(script: str, timeout: float) -> tuple[Path, str]:
+    """Runs scripts/<script>: the image path it prints last, and its progress (stderr)."""
     done = subprocess.run(
-        [str(ROOT / "scripts" / "build-test-image")],
+        [str(ROOT / "scripts" / script)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"scripts/build-test-image failed:\n{done.stderr}")
-    return Path(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"scripts/{script} failed:\n{done.stderr}")
+    return Path(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def tiny_image() -> Path:
+    """Path of tiny-uefi.qcow2 (its .raw twin lies beside it)."""
+    return _build("build-test-image", timeout=900)[0]
 
 
 @dataclass(frozen=True)
@@ -38,18 +43,10 @@ def proxy_image() -> BuiltImage:
     """debian-proxy.qcow2 (its .sha256 and .packages lie beside it); a build
     from nothing takes minutes, a cached one about a second."""
     started = time.monotonic()
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "build-proxy-image")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"scripts/build-proxy-image failed:\n{done.stderr}")
+    path, log = _build("build-proxy-image", timeout=1800)
     return BuiltImage(
-        path=Path(done.stdout.strip().splitlines()[-1]),
+        path=path,
         seconds=time.monotonic() - started,
-        cached="build-proxy-image: cached:" in done.stderr,
-        log=done.stderr,
+        cached="build-proxy-image: cached:" in log,
+        log=log,
     )
