@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,10 @@ import yaml
 from providers.kvm.domainxml import DomainSpec, ProxyMetadata, build_domain_xml
 from providers.kvm.volumes import lookup_volume, volume_xml
 from proxyinfra.names import base_marker_volume, overlay_volume, proxy_id, seed_volume
+from tests.support import proxyinfra_cli
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "egress-proxies"
 
 
@@ -95,24 +94,8 @@ def planted(testbed: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def gc(project: Path, stack: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxyinfra",
-            "--project-dir",
-            str(project),
-            "gc",
-            "--stack",
-            stack,
-            "--state",
-            str(project / "state.json"),
-            *args,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return proxyinfra_cli(
+        project, "gc", "--stack", stack, "--state", str(project / "state.json"), *args
     )
 
 
@@ -150,24 +133,14 @@ def test_gc_lists_then_deletes_only_this_stacks_orphans(
 
 def test_gc_refuses_without_readable_state(planted: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "state.json").unlink()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxyinfra",
-            "--project-dir",
-            str(tmp_path),
-            "gc",
-            "--stack",
-            planted["stack"],
-            "--delete",
-            "--min-age",
-            "0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = proxyinfra_cli(
+        tmp_path,
+        "gc",
+        "--stack",
+        planted["stack"],
+        "--delete",
+        "--min-age",
+        "0",
         env={"PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,10 @@ import libvirt
 import pytest
 import yaml
 
+from tests.support import proxyinfra_cli
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_stack(project: Path, testbed: Testbed, **host_changes: Any) -> None:
@@ -27,23 +26,7 @@ def write_stack(project: Path, testbed: Testbed, **host_changes: Any) -> None:
 
 
 def hosts_check(project: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxyinfra",
-            "--project-dir",
-            str(project),
-            "hosts",
-            "check",
-            "--stack",
-            "check",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return proxyinfra_cli(project, "hosts", "check", "--stack", "check")
 
 
 def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(

@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import difflib
 import os
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def proxyinfra_cli(
+    project: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m proxyinfra --project-dir PROJECT ARGS...`, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxyinfra", "--project-dir", str(project), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def assert_golden(name: str, actual: str) -> None:
