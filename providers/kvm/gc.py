@@ -14,6 +14,7 @@ and the stack's state does not hold, for `gc --bases`.
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -25,7 +26,7 @@ import libvirt
 
 from providers.kvm.access import HostAccess
 from providers.kvm.domainxml import NS_URI, parse_metadata
-from providers.kvm.volumes import backed_by, parse_volume_xml
+from providers.kvm.volumes import backing_paths, parse_volume_xml
 from proxyinfra.names import BASE_PREFIX, base_marker_volume
 
 VOLUME_RE = re.compile(r"^(proxy-[0-9a-f]{10})(\.qcow2|-seed\.iso)$")
@@ -56,7 +57,11 @@ def _domain_marks(dom: Any) -> Any | None:
 
 
 def _volume_age(vol: Any, now: datetime) -> float | None:
-    root = ET.fromstring(vol.XMLDesc(0))
+    return _age_in(vol.XMLDesc(0), now)
+
+
+def _age_in(xml: str, now: datetime) -> float | None:
+    root = ET.fromstring(xml)
     stamp = root.findtext("target/timestamps/mtime") or root.findtext("target/timestamps/ctime")
     return now.timestamp() - float(stamp) if stamp else None
 
@@ -118,14 +123,17 @@ def find_unused_bases(
     pool = conn.storagePoolLookupByName(access.pool)
     volumes = {v.name(): v for v in pool.listAllVolumes(0)}
     unused: list[Orphan] = []
+    in_use: set[str] | None = None  # read only when a candidate needs it
     for name, vol in sorted(volumes.items()):
         if not BASE_RE.match(name) or name in owned:
             continue
-        age = _volume_age(vol, now)
+        xml = vol.XMLDesc(0)
+        age = _age_in(xml, now)
         if age is not None and age < min_age_seconds:
             continue
-        path = parse_volume_xml(vol.XMLDesc(0)).path
-        if backed_by(volumes, path, skip={name}):
+        if in_use is None:
+            in_use = backing_paths(volumes)
+        if posixpath.normpath(parse_volume_xml(xml).path) in in_use:
             continue
         marker = base_marker_volume(name)
         detail = f"cached base image in pool {access.pool}, nothing backs onto it"

@@ -165,22 +165,33 @@ def volume_xml(name: str, capacity: int, fmt: str, backing: tuple[str, str] | No
     return "".join(parts)
 
 
+def _backing_of(vol: Any) -> str | None:
+    """The normalised path of a volume's backing file (libvirt reads the qcow2
+    header on the host); None without one, or when the volume vanished meanwhile."""
+    try:
+        info = parse_volume_xml(vol.XMLDesc(0))
+    except libvirt.libvirtError as error:
+        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
+    backing = info.backing_path
+    if not backing:
+        return None
+    if not backing.startswith("/"):  # relative to the overlay's directory
+        backing = posixpath.join(posixpath.dirname(info.path), backing)
+    return posixpath.normpath(backing)
+
+
 def backed_by(volumes: dict[str, Any], path: str, skip: Iterable[str]) -> list[str]:
-    """Names of the volumes whose backing file is `path`, read from each
-    volume's XML on the host (libvirt reads the qcow2 headers)."""
-    users = []
-    for name, vol in volumes.items():
-        if name in skip:
-            continue
-        try:
-            info = parse_volume_xml(vol.XMLDesc(0))
-        except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-                continue  # deleted meanwhile
-            raise
-        backing = info.backing_path
-        if backing and not backing.startswith("/"):  # relative to the overlay's directory
-            backing = posixpath.join(posixpath.dirname(info.path), backing)
-        if backing and posixpath.normpath(backing) == posixpath.normpath(path):
-            users.append(name)
-    return users
+    """Names of the volumes whose backing file is `path`."""
+    wanted = posixpath.normpath(path)
+    skipped = set(skip)
+    return [
+        name for name, vol in volumes.items() if name not in skipped and _backing_of(vol) == wanted
+    ]
+
+
+def backing_paths(volumes: dict[str, Any]) -> set[str]:
+    """Every backing file the volumes use: one XML read per volume, however many
+    bases are checked against it."""
+    return {path for vol in volumes.values() if (path := _backing_of(vol)) is not None}
