@@ -38,9 +38,9 @@ from providers.kubernetes.container import (
 from proxyinfra.config import Squid
 from proxyinfra.squid import render_squid_conf, settings_from_config
 from tests.harness.program import ProgramResult, run_program
-from tests.integration.test_squid_real import EchoServer, assert_tunnel_works, squid_parse
+from tests.integration.test_squid_real import assert_tunnel_works, squid_parse
 from tests.program.test_gcp_kubernetes import HOOK, UBUNTU
-from tests.support.squid import free_port, proxy_connect
+from tests.support.squid import EchoServer, free_port, proxy_connect
 
 pytestmark = pytest.mark.integration
 

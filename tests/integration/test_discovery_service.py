@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from tests.support.discovery import (
     wait_for,
     write_fleet,
 )
-from tests.support.squid import RunningSquid, loopback_settings, start_squid
+from tests.support.squid import EchoServer, RunningSquid, loopback_settings, start_squid
 
 pytestmark = pytest.mark.integration
 
@@ -34,29 +32,10 @@ PASSWORD = "squid-pw-" + "k3ep-it-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Target:
-    """What the probes CONNECT to through squid: accepts and closes."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
-def target() -> Iterator[Target]:
-    listener = Target()
+def target() -> Iterator[EchoServer]:
+    # What the probes CONNECT to through squid.
+    listener = EchoServer()
     yield listener
     listener.close()
 
@@ -73,7 +52,9 @@ def entry(name: str, port: int) -> dict[str, Any]:
     )
 
 
-def service(tmp_path: Path, target: Target, *extra: str, port: int | None = None) -> ServiceProcess:
+def service(
+    tmp_path: Path, target: EchoServer, *extra: str, port: int | None = None
+) -> ServiceProcess:
     args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]
     args += ["--listen", f"127.0.0.1:{port or free_port()}"]
     args += ["--probe-target", f"127.0.0.1:{target.port}", "--probe-interval", "0.5"]
@@ -92,7 +73,7 @@ def grant(client: httpx.Client, **body: Any) -> httpx.Response:
 
 
 def test_a_killed_service_keeps_every_lease_and_cooldown(
-    tmp_path: Path, target: Target, squid: RunningSquid
+    tmp_path: Path, target: EchoServer, squid: RunningSquid
 ) -> None:
     write_fleet(tmp_path / "fleet.json", [entry(n, squid.port) for n in ("a", "b", "c", "d")])
     first = service(tmp_path, target).start()
@@ -145,7 +126,7 @@ def test_a_killed_service_keeps_every_lease_and_cooldown(
 
 
 def test_fleet_file_change_keeps_remaining_leases_and_probes_newcomers(
-    tmp_path: Path, target: Target, squid: RunningSquid
+    tmp_path: Path, target: EchoServer, squid: RunningSquid
 ) -> None:
     fleet = tmp_path / "fleet.json"
     write_fleet(fleet, [entry("a", squid.port), entry("b", squid.port)])
@@ -189,7 +170,7 @@ def grant_ok(client: httpx.Client, slot: str, port: int) -> bool:
 
 
 def test_logs_hold_no_token_or_proxy_credentials_and_sigterm_stops_cleanly(
-    tmp_path: Path, target: Target, squid: RunningSquid
+    tmp_path: Path, target: EchoServer, squid: RunningSquid
 ) -> None:
     write_fleet(tmp_path / "fleet.json", [entry("a", squid.port), entry("b", squid.port)])
     running = service(tmp_path, target).start()
@@ -224,7 +205,7 @@ def test_logs_hold_no_token_or_proxy_credentials_and_sigterm_stops_cleanly(
     assert any(e.get("event") == "stopped by signal" and e["signal"] == "SIGTERM" for e in events)
 
 
-def test_stack_mode_runs_pulumi_and_sighup_reloads(tmp_path: Path, target: Target) -> None:
+def test_stack_mode_runs_pulumi_and_sighup_reloads(tmp_path: Path, target: EchoServer) -> None:
     # A stand-in `pulumi` that prints what the test puts in outputs.json, the way
     # `pulumi stack output fleet --json --show-secrets` prints the manifest.
     outputs = tmp_path / "outputs.json"

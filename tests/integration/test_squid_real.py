@@ -28,6 +28,7 @@ from proxyinfra.squid import (
 )
 from tests.support.squid import (
     SQUID,
+    EchoServer,
     RunningSquid,
     loopback_settings,
     proxy_connect,
@@ -44,32 +45,6 @@ _BAD_LINE = re.compile(r"ERROR|FATAL|WARNING|ALERT|Bungled", re.IGNORECASE)
 
 
 # --- local targets -----------------------------------------------------------
-
-
-class EchoServer:
-    """TCP server on 127.0.0.1 that echoes every byte back until EOF."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(65536):
-                conn.sendall(data)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class RecordingHandler(http.server.BaseHTTPRequestHandler):
