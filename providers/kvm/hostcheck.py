@@ -82,6 +82,7 @@ def check_host(access: HostAccess, domain_type: str, connection: HostConnection)
         lambda: _pool(h, access, conn),
         lambda: _nic(h, access, conn, connection),
         lambda: _domain_type(h, domain_type, conn),
+        lambda: _kvm_device(h, conn, connection),
         lambda: _uefi(h, domain_type, conn),
     ]
     for check in checks:
@@ -166,6 +167,81 @@ def _domain_type(h: str, domain_type: str, conn: Any) -> CheckRow:
             f"{domain_type!r} not offered for x86_64 (offered: {', '.join(sorted(t for t in types if t))}); {fix}",
         )
     return CheckRow(h, "domain type", True, domain_type)
+
+
+@dataclass(frozen=True)
+class KvmDevice:
+    """/dev/kvm on the host and who qemu runs as there."""
+
+    mode: int
+    uid: int
+    gid: int
+    qemu_uid: int
+    qemu_groups: frozenset[int]  # primary and supplementary
+
+    def qemu_can_open(self) -> bool:
+        if self.mode & 0o006 == 0o006:
+            return True
+        if self.uid == self.qemu_uid and self.mode & 0o600 == 0o600:
+            return True
+        return self.gid in self.qemu_groups and self.mode & 0o060 == 0o060
+
+
+def _qemu_identity(caps: ET.Element) -> tuple[int, int] | None:
+    """uid and gid libvirt runs KVM guests as: its DAC label, e.g. `+64055:+107`."""
+    for model in caps.findall("host/secmodel"):
+        if model.findtext("model") != "dac":
+            continue
+        label = model.find("baselabel[@type='kvm']")
+        if label is not None and label.text:
+            user, _, group = label.text.partition(":")
+            return int(user.lstrip("+")), int(group.lstrip("+"))
+    return None
+
+
+def kvm_device_row(h: str, kvm_offered: bool, device: KvmDevice | None) -> CheckRow:
+    """Whether libvirt's view of KVM is consistent with /dev/kvm.
+
+    libvirt 9.0 offers KVM when /dev/kvm exists; when the qemu user cannot
+    open it, libvirtd takes its cached QEMU capabilities for stale on every
+    lookup and probes QEMU again (seconds each; a define was seen blocking
+    for minutes), whatever domain type the proxies use."""
+    if not kvm_offered:
+        return CheckRow(h, "kvm device", True, "KVM not offered (TCG only): nothing to check")
+    if device is None:
+        return CheckRow(h, "kvm device", True, "KVM offered; /dev/kvm or qemu's user not readable")
+    perms = f"/dev/kvm is {device.mode:o} uid {device.uid} gid {device.gid}"
+    if device.qemu_can_open():
+        return CheckRow(h, "kvm device", True, f"{perms}, usable by qemu (uid {device.qemu_uid})")
+    return CheckRow(
+        h,
+        "kvm device",
+        False,
+        f"{perms}: libvirt offers KVM but qemu (uid {device.qemu_uid}) cannot open it, so libvirtd "
+        "re-probes QEMU on every capabilities lookup and stalls; on the host run "
+        "`chgrp kvm /dev/kvm && chmod 0660 /dev/kvm` (what Debian's udev rule sets; without udev, "
+        "repeat it at boot)",
+    )
+
+
+def _kvm_device(h: str, conn: Any, connection: HostConnection) -> CheckRow:
+    caps = ET.fromstring(conn.getCapabilities())
+    offered = any(d.get("type") == "kvm" for d in caps.findall("guest/arch[@name='x86_64']/domain"))
+    identity = _qemu_identity(caps)
+    if not offered or identity is None:
+        return kvm_device_row(h, offered, None)
+    uid, gid = identity
+    # stat needs no access to the device; `id -G` lists the groups qemu gets.
+    _, out, _ = connection.ssh().run(
+        f"stat -Lc '%a %u %g' /dev/kvm && id -G \"$(getent passwd {uid} | cut -d: -f1)\""
+    )
+    lines = out.splitlines()
+    if not lines:
+        return kvm_device_row(h, offered, None)
+    mode, owner, group = lines[0].split()
+    groups = {gid, *(int(g) for g in (lines[1].split() if len(lines) > 1 else []))}
+    device = KvmDevice(int(mode, 8), int(owner), int(group), uid, frozenset(groups))
+    return kvm_device_row(h, offered, device)
 
 
 def _uefi(h: str, domain_type: str, conn: Any) -> CheckRow:

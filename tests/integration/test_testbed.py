@@ -52,7 +52,7 @@ def test_status_reports_everything_up(testbed: Testbed) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines and all(line.startswith("ok") for line in lines), result.stdout
-    for part in ("virtlogd", "libvirtd", "sshd", "pool", "network", "ssh"):
+    for part in ("virtlogd", "libvirtd", "sshd", "kvm-device", "pool", "network", "ssh"):
         assert any(line.split()[1] == f"{part}:" for line in lines), part
 
 
