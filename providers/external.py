@@ -8,9 +8,11 @@ from urllib.parse import unquote, urlsplit
 import pulumi
 
 from proxyinfra.backend import Endpoint, ProxyRequest
+from proxyinfra.plugins import Plugin
 
 
 class ExternalBackend:
+    plugin: Plugin | None = None
     provisions = False
 
     def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint:

@@ -12,6 +12,7 @@ from typing import Protocol
 import pulumi
 
 from proxyinfra.config import Squid
+from proxyinfra.plugins import Plugin
 from proxyinfra.validation import Replica
 
 
@@ -46,5 +47,8 @@ class Endpoint:
 class Backend(Protocol):
     provisions: bool
     """False for proxies that exist already (no squid, no credentials made)."""
+
+    plugin: Plugin | None
+    """The Pulumi resource plugin its resources need (None: none, or dynamic only)."""
 
     def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint: ...

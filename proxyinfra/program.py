@@ -13,6 +13,7 @@ from pulumi.runtime import config as runtime_config
 from providers.external import ExternalBackend
 from proxyinfra.backend import Backend
 from proxyinfra.fleet import build_fleet
+from proxyinfra.plugins import installed
 from proxyinfra.validation import ConfigError, ConfigIssue, StackConfig, validate
 
 NAMESPACE = "egress-proxies"
@@ -64,9 +65,29 @@ def load(base_dir: Path | None = None) -> StackConfig:
     return config
 
 
+def check_plugins(config: StackConfig, chosen: Mapping[str, Backend]) -> None:
+    """Every resource plugin the config's providers need is installed, else one
+    error per provider entry (with the install command) before any resource."""
+    issues = []
+    for index, entry in enumerate(config.providers.values()):
+        plugin = chosen[entry.type].plugin
+        if plugin is not None and not installed(plugin):
+            issues.append(
+                ConfigIssue(
+                    f"providers[{index}] ({entry.name}, type {entry.type})",
+                    f"needs the Pulumi plugin {plugin.binary} v{plugin.version}, which is not "
+                    f"installed; install it with `{plugin.install}` (or put {plugin.binary} on PATH)",
+                )
+            )
+    if issues:
+        raise ConfigError(issues)
+
+
 def main() -> dict[str, Any]:
     config = load()
-    outputs = {"fleet": build_fleet(config, backends(config.base_dir))}
+    chosen = backends(config.base_dir)
+    check_plugins(config, chosen)
+    outputs = {"fleet": build_fleet(config, chosen)}
     for name, value in outputs.items():
         pulumi.export(name, value)
     return outputs

@@ -16,6 +16,7 @@ from providers.gcp.labels import network_tag, proxy_labels
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.cloudchecks import GcpTargets, gcp_image, gcp_zone
 from proxyinfra.config import GcpProviderEntry
+from proxyinfra.plugins import Plugin, sdk_plugin
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ def _external_ip(interfaces: Sequence[gcp.compute.outputs.InstanceNetworkInterfa
 
 
 class GcpBackend:
+    plugin: Plugin | None = sdk_plugin("pulumi_gcp")
     provisions = True
 
     def __init__(self) -> None:

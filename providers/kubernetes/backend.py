@@ -18,6 +18,7 @@ from providers.kubernetes.network import network_policy_spec, service_spec
 from providers.kubernetes.workload import deployment_spec
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.config import KubernetesProviderEntry
+from proxyinfra.plugins import Plugin, sdk_plugin
 from proxyinfra.squid import password_file_line, render_squid_conf
 from proxyinfra.validation import resolve_path
 
@@ -43,6 +44,7 @@ def _load_balancer_address(status: core.outputs.ServiceStatus | None) -> str:
 
 
 class KubernetesBackend:
+    plugin: Plugin | None = sdk_plugin("pulumi_kubernetes")
     provisions = True
 
     def __init__(self, base_dir: Path) -> None:

@@ -18,6 +18,7 @@ from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.cloudinit import render_meta_data, render_user_data
 from proxyinfra.config import KvmHost, KvmImage, KvmProviderEntry
 from proxyinfra.names import overlay_volume, seed_volume
+from proxyinfra.plugins import Plugin
 from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
 
 SHUTDOWN_TIMEOUT_SECONDS = 60
@@ -34,6 +35,7 @@ def _image(provider: KvmProviderEntry, key: str) -> KvmImage:
 
 
 class KvmBackend:
+    plugin: Plugin | None = None  # dynamic resources only: run by the engine's Python provider
     provisions = True
 
     def __init__(self, base_dir: Path) -> None:

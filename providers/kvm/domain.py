@@ -105,6 +105,10 @@ class ProxyDomainProvider(KvmProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
         updates = [k for k in UPDATE_KEYS if olds.get(k) != news.get(k)]
+        # A refresh that found the domain stopped out of band: the declared
+        # state is running, so the next up starts it (an update, in place).
+        if olds.get("state", "running") != "running":
+            updates.append("state")
         return DiffResult(
             changes=bool(replaces or updates),
             replaces=replaces,
@@ -203,7 +207,23 @@ class ProxyDomainProvider(KvmProvider):
                 | (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0),
             )
         kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
+        if olds.get("state", "running") != "running":
+            kept |= self._start_again(news)
         return UpdateResult(outs={**news, **kept})
+
+    def _start_again(self, props: dict[str, Any]) -> dict[str, Any]:
+        """Start a domain that was stopped out of band; wait for its address."""
+        access = self.access(props)
+        log = self.logger(access, props["name"])
+        conn = self.connection(props).libvirt()
+        dom = conn.lookupByName(props["name"])
+        if not dom.isActive():
+            log.info("domain was stopped out of band; starting it again")
+            dom.create()
+        started = time.monotonic()
+        ip = self._wait_for_ip(conn, dom, access, props)
+        log.info("domain has address %s after %.1fs", ip, time.monotonic() - started)
+        return {"ip": ip, "state": "running"}
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         conn = self.connection(props).libvirt()

@@ -1,8 +1,8 @@
 """The whole product once, as an operator and a crawler meet it.
 
-The proxy image of scripts/build-proxy-image served over HTTP; the stack
-program (hybrid: the kvm dynamic resources really run) brings up two proxy VMs
-on the testbed, cloud-init configures squid from the seed ISO; the discovery
+The proxy image of scripts/build-proxy-image served over HTTP; the real
+Pulumi CLI (`pulumi up` of a stack of the project's program) brings up two
+proxy VMs on the testbed, cloud-init configures squid from the seed ISO; the discovery
 service runs on the exported manifest, its health engine CONNECTs through both
 VMs; a crawler with `discovery.client` leases one, fetches an HTTPS page
 through it (the page server sees the VM's address), reports it blocked and
@@ -32,7 +32,6 @@ import yaml
 
 from discovery.client import NoProxyAvailable, lease
 from proxyinfra.names import base_volume, proxy_id
-from tests.harness.program import ProgramResult, run_program
 from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
 from tests.support.http import FileServer
 from tests.support.images import proxy_image
@@ -48,6 +47,7 @@ from tests.support.proxyvm import (
     self_signed,
     wait_for_squid,
 )
+from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
 from tests.support.testbed import URI, Testbed
 
@@ -86,19 +86,6 @@ def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any
     }
 
 
-def stack_up(config: dict[str, Any], stack: str, state: Path, mode: str) -> ProgramResult:
-    return run_program(
-        "proxyinfra.program:main",
-        config,
-        stack=stack,
-        hybrid=True,
-        mode=mode,  # type: ignore[arg-type]
-        state_file=state,
-        timeout=1200,
-        rpc_timeout=600,  # above ipTimeoutSeconds: a domain's create waits that long
-    )
-
-
 def discovery(tmp_path: Path, fleet: Path, probe_target: str) -> ServiceProcess:
     args = ["--fleet", str(fleet), "--db", str(tmp_path / "leases.db")]
     args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-target", probe_target]
@@ -135,12 +122,16 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     if not image.cached:
         stages.show(image.log)
 
-    stack = f"e2e{uuid.uuid4().hex[:6]}"
-    ids = [proxy_id("egress-proxies", stack, name) for name in NAMES]
-    state = tmp_path / "state.json"
+    name = f"e2e{uuid.uuid4().hex[:6]}"
+    ids = [proxy_id("egress-proxies", name, proxy) for proxy in NAMES]
     files = FileServer()
     digest = image.path.with_name(image.path.name + ".sha256").read_text().split()[0]
     config = fleet_config(testbed, files.add("/debian-proxy.qcow2", file=image.path), digest)
+    # Where the provider's log goes under the CLI (docs/kvm-provider.md, "Logging").
+    provider_log = tmp_path / "provider.log"
+    stack = CliStack(
+        tmp_path / "project", name, config, extra_env={"EGRESS_PROXIES_LOG_FILE": str(provider_log)}
+    )
     tls = self_signed(str(testbed.gateway), tmp_path)
     crawler_tls = ssl.create_default_context(cafile=str(tls[0]))
     service: ServiceProcess | None = None
@@ -148,11 +139,11 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
         with files, PageServer(str(testbed.gateway), tls=tls) as page, ExitStack() as closing:
             # -- pulumi up ------------------------------------------------------------------
             started = time.monotonic()
-            up = stack_up(config, stack, state, "up")
+            up = stack.run("up", "--yes", "--skip-preview", timeout=1200)
             up_done = time.monotonic()
-            assert up.error is None, f"{up.error}\n{up.provider_log[-6000:]}"
-            stages.add("pulumi up (hybrid), all resources", up_done - started)
-            log = up.provider_log
+            log = provider_log.read_text() if provider_log.exists() else ""
+            assert up.returncode == 0, f"{up.stdout[-4000:]}\n{up.stderr[-2000:]}\n{log[-4000:]}"
+            stages.add("pulumi up (the CLI), all resources", up_done - started)
             fetched = re.search(r"base image (fetched into host pool|cached) .* in ([\d.]+) s", log)
             assert fetched is not None, log[-4000:]
             how = "download" if fetched.group(1).startswith("fetched") else "cached, no download"
@@ -163,7 +154,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             boot = max(seconds for _, seconds in booted.values())
             stages.add("boot to IP (domain start to DHCP lease, slower VM)", boot)
 
-            fleet = up.output("fleet")
+            fleet = stack.output("fleet")
             by_name = {p["name"]: p for p in fleet["proxies"]}
             assert sorted(by_name) == sorted(NAMES)
             for name, pid in zip(NAMES, ids, strict=True):
@@ -255,25 +246,16 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
         if service is not None:
             service.stop()
         destroyed = ""
-        if state.exists() and json.loads(state.read_text()).get("resources"):
+        if stack.resources():
             before = time.monotonic()
-            down = run_program(
-                "proxyinfra.program:main",
-                config,
-                stack=stack,
-                hybrid=True,
-                mode="destroy",
-                state_file=state,
-                timeout=600,
-                rpc_timeout=300,
-            )
-            stages.add("pulumi destroy (hybrid)", time.monotonic() - before)
-            if down.destroy_error is not None:
-                destroyed = f"{down.destroy_error}\n{down.provider_log[-4000:]}"
+            down = stack.run("destroy", "--yes", "--skip-preview", timeout=600)
+            stages.add("pulumi destroy (the CLI)", time.monotonic() - before)
+            if down.returncode != 0:
+                destroyed = f"{down.stdout[-3000:]}\n{down.stderr[-2000:]}"
         left = leftovers(conn, testbed, ids)
         if left:
             remove(conn, testbed, ids)
-        stages.show(f"\nend to end, stack {stack}: stages\n{stages.table()}")
+        stages.show(f"\nend to end, stack {name}: stages\n{stages.table()}")
 
     assert not destroyed, destroyed
     assert left == [], "the destroy left these behind (removed now)"

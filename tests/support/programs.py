@@ -32,7 +32,7 @@ PACKAGE_LISTS = (
 # it may find a copy no package installed (pyenv's python3, a hand-built tool).
 SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # Not a Debian package: the sources a registry entry may name instead.
-NON_DEBIAN = {"(prerequisite)"}
+NON_DEBIAN = {"(bootstrap)", "(machine)"}
 
 BASH_BUILTINS = frozenset(
     [

@@ -1,0 +1,101 @@
+"""What `pulumi preview` says about a stack it cannot run: a config with
+mistakes, and backends whose provider plugins are not installed. Real CLI,
+no host needed (nothing may be created anywhere)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pulumi_cli import CliStack
+
+pytestmark = pytest.mark.integration
+
+
+def kvm_provider(tmp_path: Path, **host: Any) -> dict[str, Any]:
+    key, known = tmp_path / "key", tmp_path / "known"
+    key.write_text("not used: validation fails first\n")
+    known.write_text("")
+    return {
+        "name": "home",
+        "type": "kvm",
+        "kvm": {
+            "sshKeyFile": str(key),
+            "knownHostsFile": str(known),
+            "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
+            "machineTypes": {"s": {"cpus": 1, "memoryMb": 512}},
+            "hosts": [{"name": "nas1", "address": "192.0.2.1", "network": "n", **host}],
+        },
+    }
+
+
+def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
+    tmp_path: Path,
+) -> None:
+    config = {
+        "providers": [kvm_provider(tmp_path, cpuMode="hostpassthrough", adress="x")],
+        "proxies": [
+            {
+                "name": "a",
+                "provider": "home",
+                "placement": {"zone": "nas9", "machineType": "s", "image": "d"},
+            },
+            {"name": "b", "provider": "nowhere", "placement": {"machineType": "s"}},
+        ],
+        "squid": {"allowedClients": ["10.0.0.0/8"], "port": 70000},
+    }
+    stack = CliStack(tmp_path / "project", "bad", config)
+    done = stack.run("preview")
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    count = re.search(r"invalid stack config \((\d+) errors\)", out)
+    assert count is not None, out[-3000:]
+    for path, value in [
+        ("proxies[0].placement.zone", "'nas9'"),
+        ("proxies[1].provider", "'nowhere'"),
+        ("squid.port", "70000"),
+        ("providers[0].kvm.hosts[0].adress", "unknown key"),
+    ]:
+        line = next((ln for ln in out.splitlines() if path in ln), None)
+        assert line is not None and value in line, (path, out[-3000:])
+    assert "Traceback" not in out, "a config error is a message, not a stack trace"
+    assert not re.search(r"\+\s+pulumi-python:dynamic:Resource", out)
+    assert stack.resources() == []
+
+
+def test_preview_of_gcp_and_kubernetes_without_their_plugins_names_them(
+    tmp_path: Path,
+) -> None:
+    config = {
+        "providers": [
+            {
+                "name": "gcp-eu",
+                "type": "gcp",
+                "gcp": {"project": "crawl-1", "region": "europe-west1"},
+            },
+            {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
+        ],
+        "proxies": [
+            {
+                "name": "eu",
+                "provider": "gcp-eu",
+                "placement": {
+                    "zone": "europe-west1-b",
+                    "machineType": "e2-small",
+                    "image": "debian-12",
+                },
+            },
+            {"name": "pods", "provider": "cluster"},
+        ],
+        "squid": {"allowedClients": ["10.0.0.0/8"]},
+    }
+    stack = CliStack(tmp_path / "project", "clouds", config)
+    done = stack.run("preview", timeout=300)
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out[-3000:]
+    for plugin, version in (("gcp", "10.2.0"), ("kubernetes", "4.34.2")):
+        assert f"pulumi plugin install resource {plugin} v{version}" in out, out[-3000:]

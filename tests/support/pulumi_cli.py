@@ -1,0 +1,113 @@
+"""The real Pulumi CLI (what scripts/bootstrap put at .venv/bin/pulumi) on a
+stack of the project's own program, as an operator runs it.
+
+Each `CliStack` is a project directory of its own under a test's tmp_path: a
+Pulumi.yaml naming this checkout's program (`main`) and virtualenv, the
+stack's Pulumi.<stack>.yaml, a local file backend and a passphrase of its own,
+and a PULUMI_HOME of its own, so nothing lands in the checkout or in ~/.pulumi.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PULUMI = ROOT / ".venv" / "bin" / "pulumi"
+PROJECT = "egress-proxies"
+
+
+@dataclass
+class CliStack:
+    directory: Path
+    stack: str
+    config: Mapping[str, Any]
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    passphrase: str = "cli-test-passphrase"
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "state").mkdir(exist_ok=True)
+        project = {
+            "name": PROJECT,
+            "runtime": {
+                "name": "python",
+                "options": {"toolchain": "pip", "virtualenv": str(ROOT / ".venv")},
+            },
+            "main": os.path.relpath(ROOT, self.directory),
+        }
+        (self.directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+        self.write_config(self.config)
+        done = self.run("stack", "init", self.stack)
+        if done.returncode != 0:
+            raise AssertionError(f"pulumi stack init {self.stack}: {done.stderr}")
+
+    @property
+    def stack_file(self) -> Path:
+        return self.directory / f"Pulumi.{self.stack}.yaml"
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """The stack's config (keys without the namespace), keeping pulumi's own keys."""
+        old = yaml.safe_load(self.stack_file.read_text()) if self.stack_file.exists() else {}
+        keep = {k: v for k, v in (old or {}).items() if k != "config"}
+        doc = {**keep, "config": {f"{PROJECT}:{k}": v for k, v in config.items()}}
+        self.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.config = config
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+        env.update(
+            PATH=f"{PULUMI.parent}:{os.environ.get('PATH', '')}",
+            PULUMI_HOME=str(self.directory / "pulumi-home"),
+            PULUMI_BACKEND_URL=f"file://{self.directory / 'state'}",
+            PULUMI_CONFIG_PASSPHRASE=self.passphrase,
+            PULUMI_SKIP_UPDATE_CHECK="true",
+            PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true",
+            # The dynamic provider process unpickles providers by reference.
+            PYTHONPATH=str(ROOT),
+            NO_COLOR="1",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def run(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+        """`pulumi ARGS --stack STACK` (no --stack for `stack init`), never raising."""
+        argv = [str(PULUMI), *args, "--non-interactive", "--color", "never"]
+        if args[:2] != ("stack", "init"):
+            argv += ["--stack", self.stack]
+        else:
+            argv += ["--secrets-provider", "passphrase"]
+        return subprocess.run(
+            argv,
+            cwd=self.directory,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def ok(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+        done = self.run(*args, timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(
+                f"pulumi {' '.join(args)} exited {done.returncode}\n"
+                f"--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-4000:]}"
+            )
+        return done
+
+    def output(self, name: str) -> Any:
+        done = self.ok("stack", "output", name, "--json", "--show-secrets")
+        return json.loads(done.stdout)
+
+    def export(self) -> dict[str, Any]:
+        return json.loads(self.ok("stack", "export").stdout)  # type: ignore[no-any-return]
+
+    def resources(self) -> list[dict[str, Any]]:
+        return list(self.export()["deployment"].get("resources") or [])
