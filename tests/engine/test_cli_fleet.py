@@ -130,6 +130,14 @@ def test_preview_of_a_new_stack_lists_every_resource_and_changes_nothing(fleet: 
 def test_up_brings_the_fleet_up_and_exports_manifest_v1(fleet: Fleet) -> None:
     done = fleet.stack.ok("up", "--yes", "--skip-preview")
     assert re.search(r"Resources:\s+\+ 1[0-9] created", done.stdout), done.stdout[-2000:]
+    # The provider's log (EGRESS_PROXIES_LOG, default info) is where a user
+    # looks: the CLI prints it as messages of the stack, with the Diagnostics.
+    diagnostics = done.stdout.split("Diagnostics:", 1)[-1]
+    for pid in fleet.ids.values():
+        assert re.search(rf"INFO kvm .*name={pid} domain has address 10\.251\.77\.\d+", diagnostics)
+    assert "base image fetched into host pool" in diagnostics
+    # One base for the three proxies: fetched once.
+    assert fleet.server.count(f"/{fleet.stack.stack}/tiny.qcow2") == 1
     manifest = fleet.stack.output("fleet")
     jsonschema.validate(manifest, load_schema())
     by_name = {p["name"]: p for p in manifest["proxies"]}

@@ -77,3 +77,10 @@ def test_a_failed_step_names_the_step_and_the_module(tmp_path: Path) -> None:
     assert done.stdout == ""
     # Nothing half-made is left for the next run to mistake for a cache.
     assert not list((tmp_path / "cache").glob("pulumi-*"))
+
+
+def test_without_go_it_says_what_is_missing(tmp_path: Path) -> None:
+    # A PATH with bash and coreutils, without Go; nothing cached.
+    done = build(ROOT, PATH="/usr/bin:/bin", EGRESS_PROXIES_CACHE=str(tmp_path / "cache"))
+    assert done.returncode == 1
+    assert "go is not installed; the CLI is built from Go modules (Go 1.26 or newer)" in done.stderr

@@ -122,15 +122,18 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     if not image.cached:
         stages.show(image.log)
 
-    name = f"e2e{uuid.uuid4().hex[:6]}"
-    ids = [proxy_id("egress-proxies", name, proxy) for proxy in NAMES]
+    stack_name = f"e2e{uuid.uuid4().hex[:6]}"
+    ids = [proxy_id("egress-proxies", stack_name, proxy) for proxy in NAMES]
     files = FileServer()
     digest = image.path.with_name(image.path.name + ".sha256").read_text().split()[0]
     config = fleet_config(testbed, files.add("/debian-proxy.qcow2", file=image.path), digest)
     # Where the provider's log goes under the CLI (docs/kvm-provider.md, "Logging").
     provider_log = tmp_path / "provider.log"
     stack = CliStack(
-        tmp_path / "project", name, config, extra_env={"EGRESS_PROXIES_LOG_FILE": str(provider_log)}
+        tmp_path / "project",
+        stack_name,
+        config,
+        extra_env={"EGRESS_PROXIES_LOG_FILE": str(provider_log)},
     )
     tls = self_signed(str(testbed.gateway), tmp_path)
     crawler_tls = ssl.create_default_context(cafile=str(tls[0]))
@@ -255,7 +258,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
         left = leftovers(conn, testbed, ids)
         if left:
             remove(conn, testbed, ids)
-        stages.show(f"\nend to end, stack {name}: stages\n{stages.table()}")
+        stages.show(f"\nend to end, stack {stack_name}: stages\n{stages.table()}")
 
     assert not destroyed, destroyed
     assert left == [], "the destroy left these behind (removed now)"
