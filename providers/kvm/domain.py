@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -132,12 +133,7 @@ class ProxyDomainProvider(KvmProvider):
         dom = conn.defineXML(xml)
         try:
             dom.create()
-            log.info(
-                "domain started; waiting up to %ss for its address", int(props["ipTimeoutSeconds"])
-            )
-            started = time.monotonic()
-            ip = self._wait_for_ip(conn, dom, access, props)
-            log.info("domain has address %s after %.1fs", ip, time.monotonic() - started)
+            ip = self._started_address(conn, dom, access, props, log)
         except BaseException:
             self._remove(dom, 0.0)
             raise
@@ -220,10 +216,24 @@ class ProxyDomainProvider(KvmProvider):
         if not dom.isActive():
             log.info("domain was stopped out of band; starting it again")
             dom.create()
+        return {"ip": self._started_address(conn, dom, access, props, log), "state": "running"}
+
+    def _started_address(
+        self,
+        conn: Any,
+        dom: Any,
+        access: HostAccess,
+        props: dict[str, Any],
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> str:
+        """The address of a domain just started, logged with how long it took."""
+        log.info(
+            "domain started; waiting up to %ss for its address", int(props["ipTimeoutSeconds"])
+        )
         started = time.monotonic()
         ip = self._wait_for_ip(conn, dom, access, props)
         log.info("domain has address %s after %.1fs", ip, time.monotonic() - started)
-        return {"ip": ip, "state": "running"}
+        return ip
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         conn = self.connection(props).libvirt()
