@@ -246,8 +246,15 @@ def test_drift_is_shown_by_refresh_and_repaired_by_up(fleet: Fleet) -> None:
 
 
 def test_destroy_leaves_only_the_cached_bases_and_gc_finds_nothing(fleet: Fleet) -> None:
+    bases = {
+        r["outputs"]["volume"]
+        for r in fleet.stack.resources()
+        if "-image-" in resource_name(r["urn"]) and resource_type(r["urn"]) == DYNAMIC
+    }
+    assert len(bases) == 2  # tiny, and tiny-b since the placement change
     fleet.stack.ok("destroy", "--yes", "--skip-preview")
     domains, volumes = fleet.host_objects()
+    assert bases <= volumes, "the cached bases stay (keepOnDestroy)"
     for pid in fleet.ids.values():
         assert pid not in domains
         assert overlay_volume(pid) not in volumes and seed_volume(pid) not in volumes
