@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,38 @@ from tests.support.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
+
+
+def remove_stack(stack: str) -> None:
+    """`pulumi stack rm` of a stack these tests made in the checkout's backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    env.update(
+        PULUMI_BACKEND_URL=f"file://{ROOT / '.pulumi-state'}",
+        PULUMI_CONFIG_PASSPHRASE_FILE=str(ROOT / ".pulumi-state" / "passphrase"),
+    )
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "pulumi"), "stack", "rm", stack, "--yes", "--force"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def checkout_left_as_found() -> Iterator[None]:
+    """pulumi writes the dev stack's encryptionsalt into Pulumi.dev.yaml; when
+    these tests made the dev stack, the stack and that change go again (a
+    salt committed by mistake would not match another clone's passphrase)."""
+    path = ROOT / "Pulumi.dev.yaml"
+    before = path.read_text()
+    existed = (
+        ROOT / ".pulumi-state" / ".pulumi" / "stacks" / "egress-proxies" / "dev.json"
+    ).exists()
+    yield
+    if not existed:
+        remove_stack("dev")
+        path.write_text(before)
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,6 +103,28 @@ def test_up_keeps_a_failing_pulumi_exit_status_and_stops_the_image_server(
     assert done.returncode != 0
     assert "unknown flag: --no-such-flag" in done.stderr
     image_server_gone()
+
+
+# What a run elsewhere leaves in a stack file: a salt for another passphrase.
+FOREIGN_SALT = (
+    "encryptionsalt: v1:aMaEwapgmAM=:v1:vPBbYvhXgSwWnjIY:DeIwAzaOVdBfP8rnv5s2gKXsh7vQPQ==\n"
+)
+
+
+def test_up_drops_another_backends_encryptionsalt_for_a_new_stack(testbed: Testbed) -> None:
+    """A clone whose stack file carries the salt of a stack made elsewhere:
+    scripts/up's own passphrase cannot match it, and the stack is new here."""
+    stack = f"salt{os.getpid()}"
+    config = ROOT / f"Pulumi.{stack}.yaml"
+    config.write_text((ROOT / "Pulumi.dev.yaml").read_text() + FOREIGN_SALT)
+    try:
+        done = run_up(stack, "preview")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert f"Pulumi.{stack}.yaml: dropping the encryptionsalt of another backend" in done.stderr
+        assert FOREIGN_SALT not in config.read_text()
+    finally:
+        remove_stack(stack)
+        config.unlink(missing_ok=True)
 
 
 def test_up_stops_before_pulumi_when_the_image_port_is_taken(testbed: Testbed) -> None:
