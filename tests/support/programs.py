@@ -21,13 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = ROOT / "scripts" / "programs.txt"
-# Every file whose packages a project script installs.
-PACKAGE_LISTS = (
-    "scripts/debian-packages.txt",
-    "scripts/testbed-packages.txt",
-    "scripts/test-image-packages.txt",
-    "scripts/proxy-image-packages.txt",
-)
+# Every file whose packages a project script installs (scripts/bootstrap
+# installs them all with this same glob).
+PACKAGE_LISTS = tuple(sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("scripts/*packages.txt")))
 # Where Debian puts programs; PATH is not used, since on a developer's machine
 # it may find a copy no package installed (pyenv's python3, a hand-built tool).
 SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
