@@ -1,18 +1,103 @@
-"""Fixtures shared by every test directory, and the guard on programs run."""
+"""Fixtures shared by every test directory, the guard on programs run, and the
+order that lets the whole suite run while the Pulumi CLI is still building."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
+from collections.abc import Generator
 
 import pytest
 
-from tests.support.programs import ExecRecorder, read_registry, unregistered
+from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
 from tests.support.testbed import testbed  # noqa: F401  (session fixture: the libvirt testbed)
+
+CLI_MARK = "pulumi_cli"
 
 # Every program the test process starts, whatever built its argv: a program
 # no package list installs fails the run here, not on a fresh machine.
 _RECORDER = ExecRecorder()
 sys.addaudithook(_RECORDER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The tests of the real CLI last: on a new machine scripts/test leaves its
+    # build running in the background while everything else runs first.
+    items.sort(key=lambda item: item.get_closest_marker(CLI_MARK) is not None)
+
+
+class _CliGate:
+    """Waits once for the CLI (scripts/bootstrap --cli: a build in progress,
+    then the link), outside any test's timeout, and says how long it waited."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self.ready = False
+
+    def wait(self, config: pytest.Config) -> None:
+        if self.ready or self.error is not None:
+            return
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        started = time.monotonic()
+        with subprocess.Popen(
+            [str(ROOT / "scripts" / "bootstrap"), "--cli"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as bootstrap:
+            try:
+                _, stderr = bootstrap.communicate(timeout=2)
+            except subprocess.TimeoutExpired:
+                if reporter is not None:
+                    reporter.write_line(
+                        "waiting for the Pulumi CLI build that scripts/test started "
+                        "(progress: .cache/build-pulumi.log)"
+                    )
+                _, stderr = bootstrap.communicate()
+        waited = time.monotonic() - started
+        if bootstrap.returncode != 0:
+            self.error = f"scripts/bootstrap --cli failed after {waited:.0f}s:\n{stderr}"
+        else:
+            self.ready = True
+        if reporter is not None and waited >= 2:
+            reporter.write_line(f"the Pulumi CLI: waited {waited:.0f}s for it")
+
+
+_CLI = _CliGate()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None]:
+    # Outside pytest-timeout's clock (its wrapper is inside this one): the
+    # wait is the build's time, not the test's.
+    if item.get_closest_marker(CLI_MARK) is not None:
+        _CLI.wait(item.config)
+    yield
+
+
+_CLI_RUNS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CLI_RUNS] = _RECORDER.cli_runs
+    if item.get_closest_marker(CLI_MARK) is not None and _CLI.error is not None:
+        pytest.fail(_CLI.error, pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None]:
+    # A test that runs the CLI (in its fixtures or its body) without the mark
+    # could run before the build ends and fail only on a new machine: it
+    # fails here, on every machine.
+    yield
+    if _RECORDER.cli_runs > item.stash[_CLI_RUNS] and item.get_closest_marker(CLI_MARK) is None:
+        pytest.fail(
+            f"{item.nodeid} ran the pulumi CLI without @pytest.mark.{CLI_MARK} "
+            "(the tests of the CLI run last, after its build)",
+            pytrace=False,
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.pulumi_cli import CliStack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 
 def kvm_provider(tmp_path: Path, **host: Any) -> dict[str, Any]:

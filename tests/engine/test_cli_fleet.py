@@ -30,7 +30,7 @@ from tests.support.images import tiny_image
 from tests.support.pulumi_cli import CliStack
 from tests.support.testbed import URI, Testbed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 NAMES = ("home-0", "home-1", "solo-0")
 DYNAMIC = "pulumi-python:dynamic:Resource"

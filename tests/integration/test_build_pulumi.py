@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.pulumi_cli import PULUMI, ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 PLUGINS = (
     "pulumi-language-python",

@@ -51,7 +51,7 @@ from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
 from tests.support.testbed import URI, Testbed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 NAMES = ("edge-0", "edge-1")
 USERNAME = "crawler"

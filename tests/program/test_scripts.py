@@ -17,7 +17,7 @@ import pytest
 from tests.support.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 
 def remove_stack(stack: str) -> None:

@@ -313,20 +313,24 @@ def python_commands(source: str) -> set[str]:
 # ---- what runs -------------------------------------------------------------
 
 
+def resolve(executable: str, environ_path: str | None = None) -> str | None:
+    """The absolute path a name or path runs, looked up in PATH as exec does."""
+    if "/" in executable:
+        return os.path.abspath(executable)
+    for d in (environ_path or os.environ.get("PATH", "")).split(os.pathsep):
+        candidate = os.path.join(d, executable)
+        if d and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
 def classify(executable: str, environ_path: str | None = None) -> str | None:
     """The registry name an executed program must have, or None when it is
     the project's own or made by a test: the project tree (.venv/bin,
     scripts/), temporary directories, and the Python running the tests."""
-    path = executable
-    if "/" not in executable:
-        for d in (environ_path or os.environ.get("PATH", "")).split(os.pathsep):
-            candidate = os.path.join(d, executable)
-            if d and os.access(candidate, os.X_OK):
-                path = candidate
-                break
-        else:
-            return executable  # not found: exactly the case to catch
-    path = os.path.abspath(path)
+    path = resolve(executable, environ_path)
+    if path is None:
+        return executable  # not found: exactly the case to catch
     if any(path.startswith(d + "/") for d in (str(ROOT), tempfile.gettempdir())):
         return None
     interpreters = {sys.executable, getattr(sys, "_base_executable", sys.executable)}
@@ -345,6 +349,7 @@ class ExecRecorder:
 
     def __init__(self) -> None:
         self.seen: dict[str, str] = {}  # registry name -> the path or name run
+        self.cli_runs = 0  # starts of a real `pulumi` (the project's own included)
         self.active = True
 
     def __call__(self, event: str, args: tuple[object, ...]) -> None:
@@ -367,6 +372,12 @@ class ExecRecorder:
             executable = os.fspath(executable)
         if not isinstance(executable, str):
             return
-        name = classify(executable, path if isinstance(path, str) else None)
+        environ_path = path if isinstance(path, str) else None
+        name = classify(executable, environ_path)
         if name is not None:
             self.seen.setdefault(name, executable)
+        if os.path.basename(executable) == "pulumi":
+            # A real CLI, not a stand-in a test wrote to a temporary directory.
+            where = resolve(executable, environ_path)
+            if where is None or not where.startswith(tempfile.gettempdir() + "/"):
+                self.cli_runs += 1

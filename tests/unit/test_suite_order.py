@@ -1,0 +1,83 @@
+"""The suite's own order (tests/conftest.py): the tests of the real Pulumi CLI
+run last, so that on a new machine everything else runs while the CLI builds,
+and a test that runs the CLI without saying so fails on every machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.programs import ROOT
+
+pytest_plugins = ["pytester"]
+
+# Pytester gives its runs a HOME of their own: the CLI's cache is below the real one.
+HOME = os.environ["HOME"]
+
+
+def suite(pytester: pytest.Pytester, files: dict[str, str]) -> pytest.RunResult:
+    """Runs FILES as a test suite of their own under the project's conftest."""
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n")
+    pytester.makepyfile(**files)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT))
+        patch.setenv("HOME", HOME)
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+
+
+def test_the_tests_of_the_cli_run_after_every_other_test(pytester: pytest.Pytester) -> None:
+    result = suite(
+        pytester,
+        {
+            "test_a_engine": (
+                "import pytest\n"
+                "pytestmark = pytest.mark.pulumi_cli\n"
+                "def test_one(): pass\n"
+                "def test_two(): pass\n"
+            ),
+            "test_b_unit": "def test_three(): pass\ndef test_four(): pass\n",
+        },
+    )
+    result.assert_outcomes(passed=4)
+    ran = [line.split(" ")[0] for line in result.outlines if " PASSED" in line]
+    assert ran == [
+        "test_b_unit.py::test_three",
+        "test_b_unit.py::test_four",
+        "test_a_engine.py::test_one",
+        "test_a_engine.py::test_two",
+    ]
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_running_the_cli_needs_the_mark(pytester: pytest.Pytester, marked: bool) -> None:
+    cli = ROOT / ".venv" / "bin" / "pulumi"  # the real one (a stand-in in /tmp is no CLI)
+    mark = "@pytest.mark.pulumi_cli" if marked else ""
+    result = suite(
+        pytester,
+        {
+            "test_cli": (
+                f"import subprocess\nimport pytest\n{mark}\n"
+                f"def test_runs_the_cli():\n"
+                f"    subprocess.run([{str(cli)!r}, 'version'], check=True)\n"
+            )
+        },
+    )
+    if marked:
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*ran the pulumi CLI without @pytest.mark.pulumi_cli*"])
+
+
+def test_a_stand_in_cli_in_a_temporary_directory_needs_no_mark(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    cli = tmp_path / "bin" / "pulumi"
+    cli.parent.mkdir()
+    cli.write_text("#!/bin/sh\necho v3.0.0-fake\n")
+    cli.chmod(0o755)
+    test = f"import subprocess\ndef test_fake():\n    subprocess.run([{str(cli)!r}], check=True)\n"
+    suite(pytester, {"test_fake": test}).assert_outcomes(passed=1)
