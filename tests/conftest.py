@@ -3,6 +3,7 @@ order that lets the whole suite run while the Pulumi CLI is still building."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -40,8 +41,10 @@ class _CliGate:
             return
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         started = time.monotonic()
+        # The suite's own tests of this order run the gate as `true`.
+        command = os.environ.get("EGRESS_PROXIES_CLI_GATE", f"{ROOT}/scripts/bootstrap --cli")
         with subprocess.Popen(
-            [str(ROOT / "scripts" / "bootstrap"), "--cli"],
+            command.split(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

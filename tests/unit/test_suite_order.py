@@ -5,6 +5,8 @@ and a test that runs the CLI without saying so fails on every machine."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ def suite(pytester: pytest.Pytester, files: dict[str, str]) -> pytest.RunResult:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(ROOT))
         patch.setenv("HOME", HOME)
+        patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")  # no wait for a real build
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
 
 
@@ -51,9 +54,23 @@ def test_the_tests_of_the_cli_run_after_every_other_test(pytester: pytest.Pytest
     ]
 
 
+@pytest.fixture
+def real_looking_cli() -> Iterator[Path]:
+    """A `pulumi` outside the temporary directories, as a real one is (a
+    stand-in a test writes to /tmp does not count as the CLI)."""
+    cli = ROOT / ".cache" / "suite-order" / "pulumi"
+    cli.parent.mkdir(parents=True, exist_ok=True)
+    cli.write_text("#!/bin/sh\necho v3.0.0-stand-in\n")
+    cli.chmod(0o755)
+    yield cli
+    shutil.rmtree(cli.parent)
+
+
 @pytest.mark.parametrize("marked", [False, True])
-def test_running_the_cli_needs_the_mark(pytester: pytest.Pytester, marked: bool) -> None:
-    cli = ROOT / ".venv" / "bin" / "pulumi"  # the real one (a stand-in in /tmp is no CLI)
+def test_running_the_cli_needs_the_mark(
+    pytester: pytest.Pytester, real_looking_cli: Path, marked: bool
+) -> None:
+    cli = real_looking_cli
     mark = "@pytest.mark.pulumi_cli" if marked else ""
     result = suite(
         pytester,
