@@ -35,9 +35,9 @@ import yaml
 
 from providers.kvm.access import HostAccess
 from providers.kvm.baseimage import BaseImageProvider
+from providers.kvm.config import KvmProviderEntry
 from providers.kvm.connection import HostConnection
 from providers.kvm.volumes import upload, volume_xml
-from proxyinfra.config import KvmProviderEntry
 from proxyinfra.names import base_marker_volume, base_volume
 from tests.harness.engine import ProviderProcess, make_urn, provider_inputs
 from tests.support.http import FileServer

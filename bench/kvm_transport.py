@@ -19,8 +19,8 @@ import libvirt
 import yaml
 
 from providers.kvm.access import HostAccess
+from providers.kvm.config import KvmProviderEntry
 from providers.kvm.connection import HostConnection
-from proxyinfra.config import KvmProviderEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 4 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""The HTTP API for crawlers (DESIGN.md, "Discovery API"), on Starlette.
+"""The HTTP API for crawlers (docs/discovery.md, "For crawler authors"), on Starlette.
 
 Every error answers `{"error": code, "detail": text}`: 400 bad input (a body
 that fails validation included), 401 token, 404 unknown lease or path, 405

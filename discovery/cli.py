@@ -1,4 +1,4 @@
-"""`python -m discovery serve ...`: the companion service (DESIGN.md, "Command lines").
+"""`python -m discovery serve ...`: the companion service (docs/discovery.md).
 
     python -m discovery serve --fleet FILE --listen HOST:PORT --db PATH
         [--probe-target HOST:PORT] [--probe-interval SECONDS] [--lease-cooldown SECONDS]

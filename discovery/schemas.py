@@ -1,4 +1,4 @@
-"""The JSON bodies of the HTTP API (DESIGN.md, "Discovery API"), as pydantic
+"""The JSON bodies of the HTTP API (docs/discovery.md, "For crawler authors"), as pydantic
 models: they validate requests and describe answers in the OpenAPI document.
 
 Requests are strict: a wrong type is an error rather than coerced ("5" is no

@@ -1,19 +1,28 @@
-"""The one small interface between the fleet and its backends.
+"""The one small interface between the core and its backends.
 
-A backend turns a :class:`ProxyRequest` into resources (children of the
-proxy's component) and answers with the :class:`Endpoint` crawlers use.
+A backend is a package of its own (``providers/<name>/``) that exposes one
+:class:`Backend` as ``BACKEND``, listed in :mod:`proxyinfra.registry`. It owns
+its provider entry's model, the checks of that entry and of the proxies placed
+on it, its deployment (a :class:`Deployer` that turns a :class:`ProxyRequest`
+into resources and answers with the :class:`Endpoint` crawlers use) and its
+operator commands. The core never imports a backend package; backends import
+the core (this module, the shared config models, squid and cloud-init).
 """
 
 from __future__ import annotations
 
+import argparse
+import builtins
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import pulumi
 
-from proxyinfra.config import Squid
+from proxyinfra.checks import Report
+from proxyinfra.config import ProviderEntry, ProxyEntry, Replica, Squid
 from proxyinfra.plugins import Plugin
-from proxyinfra.validation import Replica
 
 
 @dataclass(frozen=True)
@@ -43,12 +52,60 @@ class Endpoint:
     username: str | None = None
     password: pulumi.Input[str] | None = None
 
+    @classmethod
+    def of(cls, request: ProxyRequest, host: pulumi.Input[str], zone: str | None) -> Endpoint:
+        """A provisioned proxy's endpoint: squid's port and the request's credentials."""
+        creds = request.credentials
+        return cls(
+            host=host,
+            port=request.squid.port,
+            zone=zone,
+            username=creds.username if creds else None,
+            password=creds.password if creds else None,
+        )
+
+
+class Deployer(Protocol):
+    """Makes the resources of one stack's proxies (one instance per program run)."""
+
+    def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint: ...
+
 
 class Backend(Protocol):
+    type: str
+    """The ``type`` of its provider entries, e.g. ``kvm``."""
+
+    entry_model: builtins.type[ProviderEntry]  # `type` is the attribute above
+    """The provider entry's model (``name``, ``type`` and the backend's block)."""
+
     provisions: bool
-    """False for proxies that exist already (no squid, no credentials made)."""
+    """False for proxies that exist already: no squid, no credentials, no replicas."""
+
+    takes_user_data: bool
+    """Whether its proxies boot with cloud-init, so ``userData`` means something."""
 
     plugin: Plugin | None
     """The Pulumi resource plugin its resources need (None: none, or dynamic only)."""
 
-    def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint: ...
+    pattern_words: Mapping[str, str]
+    """Its config patterns in words, for the error messages."""
+
+    def check_provider(self, entry: ProviderEntry, path: str, report: Report) -> None:
+        """Rules on the entry beyond its model's (files, names, cross-field)."""
+
+    def check_proxy(
+        self,
+        proxy: ProxyEntry,
+        entry: ProviderEntry | None,
+        raw: Mapping[str, Any],
+        path: str,
+        report: Report,
+    ) -> None:
+        """Rules on a proxy placed on this provider: its placement, labels,
+        URL. ``entry`` is None when the provider entry itself has errors: then
+        check what can be checked from its ``raw`` mapping."""
+
+    def deployer(self, base_dir: Path) -> Deployer: ...
+
+    def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
+        """Its operator commands under ``python -m proxyinfra``."""

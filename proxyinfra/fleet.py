@@ -7,10 +7,12 @@ from typing import Any
 
 import pulumi
 
-from proxyinfra.backend import Backend, Credentials, Endpoint, ProxyRequest
+from proxyinfra.backend import Credentials, Deployer, Endpoint, ProxyRequest
+from proxyinfra.config import Replica, StackConfig
 from proxyinfra.credentials import ProxyCredentials
+from proxyinfra.manifest import Manifest
 from proxyinfra.names import proxy_id
-from proxyinfra.validation import Replica, StackConfig
+from proxyinfra.registry import backends
 
 PROXY_TYPE = "egress-proxies:fleet:Proxy"
 
@@ -24,7 +26,7 @@ class Proxy(pulumi.ComponentResource):
     def __init__(
         self,
         replica: Replica,
-        backend: Backend,
+        deployer: Deployer,
         config: StackConfig,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -32,7 +34,8 @@ class Proxy(pulumi.ComponentResource):
         project, stack = pulumi.get_project(), pulumi.get_stack()
         self.proxy_id = proxy_id(project, stack, replica.name)
         credentials = None
-        if backend.provisions and config.squid.auth is not None:
+        provisions = backends()[replica.provider.type].provisions
+        if provisions and config.squid.auth is not None:
             made = ProxyCredentials(
                 f"{replica.name}-credentials",
                 config.squid.auth.username,
@@ -51,7 +54,7 @@ class Proxy(pulumi.ComponentResource):
             squid=config.squid,
             credentials=credentials,
         )
-        endpoint = backend.deploy(request, self)
+        endpoint = deployer.deploy(request, self)
         self.entry = pulumi.Output.from_input(_manifest_entry(request, endpoint))
         self.register_outputs({"id": self.proxy_id, "entry": self.entry})
 
@@ -73,10 +76,11 @@ def _manifest_entry(request: ProxyRequest, endpoint: Endpoint) -> dict[str, Any]
     return entry
 
 
-def build_fleet(config: StackConfig, backends: Mapping[str, Backend]) -> pulumi.Output[Any]:
+def build_fleet(config: StackConfig, deployers: Mapping[str, Deployer]) -> pulumi.Output[Any]:
     """Register every proxy and return the manifest (stack output ``fleet``)."""
-    proxies = [Proxy(r, backends[r.provider.type], config) for r in config.replicas()]
+    proxies = [Proxy(r, deployers[r.provider.type], config) for r in config.replicas()]
     header = {"version": 1, "project": pulumi.get_project(), "stack": pulumi.get_stack()}
+    # Through the model: what the stack exports is what discovery accepts.
     return pulumi.Output.all(*[p.entry for p in proxies]).apply(
-        lambda entries: {**header, "proxies": list(entries)}
+        lambda entries: Manifest.model_validate({**header, "proxies": list(entries)}).document()
     )

@@ -50,13 +50,3 @@ def configure() -> None:
         for handler in handlers:
             logger.addHandler(handler)
         logger.propagate = False
-
-
-def reset_for_tests() -> None:
-    global _configured
-    _configured = False
-    for name in ("kvm", "proxyinfra", "health"):
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-            handler.close()

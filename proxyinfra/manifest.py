@@ -1,17 +1,22 @@
 """The fleet manifest, version 1: the stack output ``fleet`` that the
-discovery service reads. Its JSON Schema is schemas/fleet-manifest.v1.json."""
+discovery service reads. The program builds it with these models, and its
+JSON Schema (schemas/fleet-manifest.v1.json) is generated from them:
+``python -m proxyinfra.manifest > schemas/fleet-manifest.v1.json``
+(tests/unit/test_manifest_schema.py checks the file matches)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "fleet-manifest.v1.json"
+SCHEMA_ID = "https://egress-proxies.invalid/schemas/fleet-manifest.v1.json"
 
-ProxyType = Literal["kvm", "gcp", "kubernetes", "external"]
+Text = Annotated[str, Field(min_length=1)]
 
 
 class _Strict(BaseModel):
@@ -19,17 +24,25 @@ class _Strict(BaseModel):
 
 
 class ManifestAuth(_Strict):
-    username: str
-    password: str
+    username: Text
+    password: Text
 
 
 class ManifestProxy(_Strict):
-    name: str
+    name: Annotated[str, Field(min_length=1, description="logical replica name, e.g. home-0")]
     id: Annotated[str, Field(pattern=r"^proxy-[0-9a-f]{10}$")]
-    provider: str
-    type: ProxyType
-    zone: str | None
-    host: str
+    provider: Text
+    type: Annotated[
+        str,
+        Field(
+            pattern=r"^[a-z][a-z0-9-]*$",
+            description="the backend's type: kvm, gcp, kubernetes, external (or another registered one)",
+        ),
+    ]
+    zone: Annotated[
+        str | None, Field(description="kvm host name, GCP zone; null where it has none")
+    ]
+    host: Annotated[str, Field(min_length=1, description="address crawlers connect to")]
     port: Annotated[int, Field(ge=1, le=65535)]
     labels: dict[str, str]
     auth: ManifestAuth | None = None
@@ -37,11 +50,33 @@ class ManifestProxy(_Strict):
 
 class Manifest(_Strict):
     version: Literal[1]
-    project: str
-    stack: str
+    project: Text
+    stack: Text
     proxies: list[ManifestProxy]
+
+    def document(self) -> dict[str, Any]:
+        """As the stack exports it: ``auth`` only where there are credentials."""
+        return self.model_dump(exclude_defaults=True)
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Manifest.model_json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "egress-proxies fleet manifest, version 1 (stack output `fleet`)",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def load_schema() -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
     return schema
+
+
+if __name__ == "__main__":
+    sys.stdout.write(schema_text())

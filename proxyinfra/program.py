@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +11,12 @@ from pulumi.runtime import config as runtime_config
 from pulumi.runtime import settings
 from pulumi.runtime.mocks import MockMonitor
 
-from providers.external import ExternalBackend
-from proxyinfra.backend import Backend
+from proxyinfra.backend import Deployer
+from proxyinfra.config import StackConfig
 from proxyinfra.fleet import build_fleet
 from proxyinfra.plugins import installed
-from proxyinfra.validation import ConfigError, ConfigIssue, StackConfig, validate
+from proxyinfra.registry import backends
+from proxyinfra.validation import ConfigError, ConfigIssue, validate
 
 NAMESPACE = "egress-proxies"
 
@@ -47,16 +47,13 @@ def _decode(key: str, value: Any) -> Any:
         raise ConfigError([ConfigIssue(key, "not valid JSON from the engine")]) from None
 
 
-def backends(base_dir: Path) -> Mapping[str, Backend]:
-    from providers.gcp import GcpBackend
-    from providers.kubernetes import KubernetesBackend
-    from providers.kvm.backend import KvmBackend
-
+def deployers(config: StackConfig) -> dict[str, Deployer]:
+    """A deployer of every backend the config's providers use."""
+    used = {entry.type for entry in config.providers.values()}
     return {
-        "external": ExternalBackend(),
-        "kvm": KvmBackend(base_dir),
-        "gcp": GcpBackend(),
-        "kubernetes": KubernetesBackend(base_dir),
+        kind: backend.deployer(config.base_dir)
+        for kind, backend in backends().items()
+        if kind in used
     }
 
 
@@ -67,14 +64,14 @@ def load(base_dir: Path | None = None) -> StackConfig:
     return config
 
 
-def check_plugins(config: StackConfig, chosen: Mapping[str, Backend]) -> None:
+def check_plugins(config: StackConfig) -> None:
     """Every resource plugin the config's providers need is installed, else one
     error per provider entry (with the install command) before any resource."""
     if isinstance(settings.get_monitor(), MockMonitor):
         return  # unit tests under set_mocks: no engine loads any plugin
     issues = []
     for index, entry in enumerate(config.providers.values()):
-        plugin = chosen[entry.type].plugin
+        plugin = backends()[entry.type].plugin
         if plugin is not None and not installed(plugin):
             issues.append(
                 ConfigIssue(
@@ -89,9 +86,8 @@ def check_plugins(config: StackConfig, chosen: Mapping[str, Backend]) -> None:
 
 def main() -> dict[str, Any]:
     config = load()
-    chosen = backends(config.base_dir)
-    check_plugins(config, chosen)
-    outputs = {"fleet": build_fleet(config, chosen)}
+    check_plugins(config)
+    outputs = {"fleet": build_fleet(config, deployers(config))}
     for name, value in outputs.items():
         pulumi.export(name, value)
     return outputs

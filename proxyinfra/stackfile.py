@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from proxyinfra.validation import ConfigError, ConfigIssue, StackConfig, validate
+from proxyinfra.config import StackConfig
+from proxyinfra.validation import ConfigError, ConfigIssue, validate
 
 NAMESPACE = "egress-proxies"
 
@@ -38,3 +39,16 @@ def read_raw(path: Path) -> dict[str, Any]:
 
 def load_stack(project_dir: Path, stack: str) -> StackConfig:
     return validate(read_raw(stack_file(project_dir, stack)), project_dir)
+
+
+def project_name(project_dir: Path) -> str:
+    """The project's name from its Pulumi.yaml (proxy ids derive from it);
+    the project's own name where there is none."""
+    try:
+        document = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    except FileNotFoundError:
+        return NAMESPACE
+    name = document.get("name") if isinstance(document, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ConfigError([ConfigIssue(str(project_dir / "Pulumi.yaml"), "has no project name")])
+    return name

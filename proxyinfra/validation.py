@@ -9,56 +9,36 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pulumi
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from proxyinfra.cloudchecks import (
-    GcpTargets,
-    check_gcp_placement,
-    check_gcp_provider,
-    check_kubernetes_placement,
-    check_kubernetes_provider,
-    client_ranges,
-)
+from proxyinfra.backend import Backend
+from proxyinfra.clients import client_ranges
 from proxyinfra.config import (
-    DOMAIN_PATTERN,
-    GCP_IMAGE_PATTERN,
-    GCP_PROJECT_PATTERN,
-    GCP_REGION_PATTERN,
-    IMAGE_REF_PATTERN,
     NAME_PATTERN,
-    PROVIDER_TYPES,
-    QUANTITY_PATTERN,
-    ExternalProviderEntry,
-    GcpProviderEntry,
-    KubernetesProviderEntry,
-    KvmProviderEntry,
     ProviderEntry,
     ProxyEntry,
+    Replica,
     Squid,
+    StackConfig,
+    replica_names,
+    resolve_path,
 )
+from proxyinfra.registry import backends
+
+__all__ = ["ConfigError", "ConfigIssue", "Replica", "StackConfig", "resolve_path", "validate"]
 
 TOP_LEVEL_KEYS = ("providers", "proxies", "squid")
-PATTERN_WORDS = {
+_OWN_PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
-    GCP_IMAGE_PATTERN: "must be an image path projects/P/global/images/family/F "
-    "or projects/P/global/images/NAME",
-    QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 1, 64Mi or 1Gi",
-    GCP_PROJECT_PATTERN: "must be a GCP project id: 6-30 lowercase letters, digits or '-', "
-    "starting with a letter",
-    GCP_REGION_PATTERN: "must be a GCP region such as europe-west1",
-    IMAGE_REF_PATTERN: "must be a container image reference without spaces",
-    DOMAIN_PATTERN: "must be a DNS domain such as cluster.local",
 }
 _VALUE_SHOWN = 60
 
@@ -81,42 +61,6 @@ class ConfigError(pulumi.RunError):
         noun = "error" if len(self.issues) == 1 else "errors"
         lines = "\n".join(f"  {issue}" for issue in self.issues)
         super().__init__(f"invalid stack config ({len(self.issues)} {noun}):\n{lines}")
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One proxy instance: a replica of a `proxies[]` entry."""
-
-    name: str  # logical replica name, e.g. home-0
-    entry: ProxyEntry
-    index: int  # position of the entry in `proxies`
-    provider: ProviderEntry
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    providers: dict[str, ProviderEntry]
-    proxies: list[ProxyEntry]
-    squid: Squid
-    base_dir: Path
-    warnings: list[str] = field(default_factory=list)
-
-    def replicas(self) -> list[Replica]:
-        result = []
-        for index, entry in enumerate(self.proxies):
-            provider = self.providers[entry.provider]
-            if isinstance(provider, ExternalProviderEntry):
-                result.append(Replica(entry.name, entry, index, provider))
-                continue
-            for i in range(entry.replica_count):
-                result.append(Replica(f"{entry.name}-{i}", entry, index, provider))
-        return result
-
-
-def resolve_path(value: str, base_dir: Path) -> Path:
-    """Config paths: `~` expanded, relative ones taken from the project directory."""
-    path = Path(os.path.expanduser(value))
-    return path if path.is_absolute() else base_dir / path
 
 
 def _show(value: Any) -> str:
@@ -182,8 +126,8 @@ def _pydantic_issues(
             issues.append(ConfigIssue(path, f"unknown key (allowed: {', '.join(allowed)}){hint}"))
         elif e["type"] == "missing":
             issues.append(ConfigIssue(path, "required"))
-        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_WORDS:
-            words = PATTERN_WORDS[e["ctx"]["pattern"]]
+        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in _pattern_words():
+            words = _pattern_words()[e["ctx"]["pattern"]]
             issues.append(ConfigIssue(path, f"{words} (got {_show(e['input'])})"))
         else:
             msg = str(e["msg"]).removeprefix("Value error, ")
@@ -191,8 +135,18 @@ def _pydantic_issues(
     return issues
 
 
+def _pattern_words() -> dict[str, str]:
+    words = dict(_OWN_PATTERN_WORDS)
+    for backend in backends().values():
+        words.update(backend.pattern_words)
+    return words
+
+
 class _Collector:
-    def __init__(self) -> None:
+    """The Report every check writes into (proxyinfra.checks.Report)."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
         self.issues: list[ConfigIssue] = []
         self.warnings: list[str] = []
 
@@ -203,7 +157,7 @@ class _Collector:
 def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     """Parse and check the config (keys without the namespace). Raises
     ConfigError listing every problem; returns the typed config otherwise."""
-    c = _Collector()
+    c = _Collector(base_dir)
     for key in raw:
         if key not in TOP_LEVEL_KEYS:
             c.add(f"egress-proxies:{key}", f"unknown key (allowed: {', '.join(TOP_LEVEL_KEYS)})")
@@ -213,16 +167,8 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     squid = _parse_squid(raw.get("squid"), c)
 
     for name, provider in providers.items():
-        path = _provider_path(raw, name)
-        if isinstance(provider, KvmProviderEntry):
-            _check_kvm_provider(provider, path, base_dir, c)
-        elif isinstance(provider, GcpProviderEntry):
-            check_gcp_provider(provider, path, c)
-        elif isinstance(provider, KubernetesProviderEntry):
-            kubeconfig = provider.kubernetes.kubeconfig
-            resolved = resolve_path(kubeconfig, base_dir) if kubeconfig is not None else None
-            check_kubernetes_provider(provider, path, resolved, c)
-    _check_proxies(proxies, providers, broken, c)
+        backends()[provider.type].check_provider(provider, _provider_path(raw, name), c)
+    replicas = _check_proxies(proxies, providers, broken, c)
     if squid is not None:
         _check_squid(squid, proxies, providers, c)
 
@@ -235,6 +181,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         squid=squid,
         base_dir=base_dir,
         warnings=c.warnings,
+        replica_lists=replicas,
     )
 
 
@@ -256,22 +203,23 @@ def _parse_providers(
     if not isinstance(value, list):
         c.add("providers", f"must be a list of providers (got {_show(value)})")
         return providers, broken
-    types_list = ", ".join(sorted(PROVIDER_TYPES))
+    registered = backends()
+    types_list = ", ".join(sorted(registered))
     for i, entry in enumerate(value):
         path = f"providers[{i}]"
         if not isinstance(entry, Mapping):
             c.add(path, f"must be a mapping (got {_show(entry)})")
             continue
         kind = entry.get("type")
-        model = PROVIDER_TYPES.get(kind) if isinstance(kind, str) else None
-        if model is None:
+        backend = registered.get(kind) if isinstance(kind, str) else None
+        if backend is None:
             what = "required" if kind is None else f"unknown provider type {_show(kind)}"
             c.add(f"{path}.type", f"{what} (types: {types_list})")
             continue
         try:
-            parsed = typing.cast(ProviderEntry, model.model_validate(entry))
+            parsed = backend.entry_model.model_validate(entry)
         except ValidationError as error:
-            c.issues.extend(_pydantic_issues(error, path, model))
+            c.issues.extend(_pydantic_issues(error, path, backend.entry_model))
             if isinstance(entry.get("name"), str):
                 broken[entry["name"]] = entry
             continue
@@ -305,116 +253,58 @@ def _parse_squid(value: Any, c: _Collector) -> Squid | None:
         return None
 
 
-def _check_kvm_provider(
-    provider: KvmProviderEntry, path: str, base_dir: Path, c: _Collector
-) -> None:
-    kvm = provider.kvm
-    key = resolve_path(kvm.ssh_key_file, base_dir)
-    if not key.is_file():
-        c.add(f"{path}.kvm.sshKeyFile", f"file not found: {key}")
-    if kvm.known_hosts_file is not None:
-        known = resolve_path(kvm.known_hosts_file, base_dir)
-        if not known.is_file():
-            c.add(f"{path}.kvm.knownHostsFile", f"file not found: {known}")
-    elif not kvm.insecure_ignore_host_key:
-        c.add(
-            f"{path}.kvm.knownHostsFile",
-            "required (or set insecureIgnoreHostKey: true, which accepts any host key)",
-        )
-    if kvm.insecure_ignore_host_key:
-        c.warnings.append(
-            f"{path}.kvm.insecureIgnoreHostKey is true: host keys of provider "
-            f"{provider.name!r} are not verified, so anyone who can intercept the SSH "
-            "connection can impersonate the host and take over libvirt"
-        )
-    seen: set[str] = set()
-    for j, host in enumerate(kvm.hosts):
-        hpath = f"{path}.kvm.hosts[{j}]"
-        if host.name in seen:
-            c.add(f"{hpath}.name", f"duplicate host name {host.name!r}")
-        seen.add(host.name)
-        if (host.bridge is None) == (host.network is None):
-            both = "both set" if host.bridge else "neither set"
-            c.add(hpath, f"set exactly one of bridge or network ({both})")
-
-
 def _check_proxies(
     proxies: list[tuple[int, ProxyEntry]],
     providers: dict[str, ProviderEntry],
     broken: dict[str, Mapping[str, Any]],
     c: _Collector,
-) -> None:
-    replica_names: dict[str, str] = {}
+) -> dict[str, list[str]]:
+    """Every proxy's own checks and its backend's; the replica names of each entry."""
+    registered = backends()
+    replica_lists: dict[str, list[str]] = {}
+    made_by: dict[str, str] = {}
     for i, proxy in proxies:
         path = f"proxies[{i}]"
         provider = providers.get(proxy.provider)
         if provider is None and proxy.provider in broken:
             # Its own errors are listed already; still check what can be checked.
-            entry = broken[proxy.provider]
-            if entry.get("type") == "kvm":
-                _check_kvm_placement(proxy, _KvmTargets.of_raw(proxy.provider, entry), path, c)
-            elif entry.get("type") == "gcp":
-                check_gcp_placement(proxy, GcpTargets.of_raw(proxy.provider, entry), path, c)
+            raw = broken[proxy.provider]
+            backend = registered.get(str(raw.get("type")))
+            if backend is not None:
+                backend.check_proxy(proxy, None, raw, path, c)
             continue
         if provider is None:
             known = ", ".join(providers) or "none defined"
             c.add(f"{path}.provider", f"unknown provider {proxy.provider!r} (providers: {known})")
             continue
-        if isinstance(provider, ExternalProviderEntry):
-            _check_external(proxy, path, c)
-            names = [proxy.name]
-        else:
-            if proxy.url is not None:
-                c.add(
-                    f"{path}.url",
-                    f"only for external providers ({provider.name!r} is {provider.type})",
-                )
-            if proxy.user_data is not None:
-                _check_user_data(proxy, provider, path, c)
-            if isinstance(provider, KvmProviderEntry):
-                _check_kvm_placement(proxy, _KvmTargets.of(provider), path, c)
-            elif isinstance(provider, GcpProviderEntry):
-                check_gcp_placement(proxy, GcpTargets.of(provider), path, c)
-            elif isinstance(provider, KubernetesProviderEntry):
-                check_kubernetes_placement(proxy, path, c)
-            names = [f"{proxy.name}-{r}" for r in range(proxy.replica_count)]
+        backend = registered[provider.type]
+        if backend.provisions:
+            _check_provisioned(proxy, provider, backend, path, c)
+        backend.check_proxy(proxy, provider, {}, path, c)
+        names = replica_names(proxy, backend.provisions)
+        replica_lists[proxy.name] = names
         for name in names:
-            if name in replica_names:
-                c.add(f"{path}.name", f"proxy name {name!r} also made by {replica_names[name]}")
+            if name in made_by:
+                c.add(f"{path}.name", f"proxy name {name!r} also made by {made_by[name]}")
             else:
-                replica_names[name] = path
+                made_by[name] = path
+    return replica_lists
 
 
-def _check_external(proxy: ProxyEntry, path: str, c: _Collector) -> None:
-    if proxy.replicas is not None:
-        c.add(f"{path}.replicas", "not allowed for an external proxy: one entry per URL")
-    if proxy.placement.model_dump(exclude_none=True):
-        c.add(f"{path}.placement", "not allowed for an external proxy")
-    if proxy.user_data is not None:
-        c.add(f"{path}.userData", "not allowed for an external proxy")
-    if proxy.url is None:
-        c.add(f"{path}.url", "required for an external proxy (http://[user:pass@]host:port)")
+def _check_provisioned(
+    proxy: ProxyEntry, provider: ProviderEntry, backend: Backend, path: str, c: _Collector
+) -> None:
+    if proxy.url is not None:
+        c.add(f"{path}.url", f"only for external providers ({provider.name!r} is {provider.type})")
+    if proxy.user_data is None:
         return
-    try:
-        parts = urlsplit(proxy.url)
-        port = parts.port
-    except ValueError:
-        parts, port = None, None
-    # Never echo the URL: it may carry the proxy's password.
-    if parts is None or parts.scheme != "http" or not parts.hostname or port is None:
-        c.add(
-            f"{path}.url",
-            f"must be http://[user:pass@]host:port (got scheme {parts.scheme if parts else '?'!r},"
-            f" host {parts.hostname if parts else None!r}, port {port!r})",
-        )
-    elif parts.path not in ("", "/") or parts.query or parts.fragment:
-        c.add(f"{path}.url", "must not have a path, query or fragment")
-
-
-def _check_user_data(proxy: ProxyEntry, provider: ProviderEntry, path: str, c: _Collector) -> None:
-    if isinstance(provider, KubernetesProviderEntry):
-        c.add(f"{path}.userData", "not used by kubernetes proxies")
+    if not backend.takes_user_data:
+        c.add(f"{path}.userData", f"not used by {provider.type} proxies")
         return
+    _check_user_data(proxy, path, c)
+
+
+def _check_user_data(proxy: ProxyEntry, path: str, c: _Collector) -> None:
     text = proxy.user_data or ""
     if not text.startswith("#cloud-config"):
         c.add(f"{path}.userData", "must be a cloud-config document starting with '#cloud-config'")
@@ -430,88 +320,15 @@ def _check_user_data(proxy: ProxyEntry, provider: ProviderEntry, path: str, c: _
         c.add(f"{path}.userData", f"must be a YAML mapping (got {type(doc).__name__})")
 
 
-def _one_of(value: str | None, choices: Sequence[str], what: str, path: str, c: _Collector) -> bool:
-    listed = ", ".join(choices) or "none defined"
-    if value is None:
-        c.add(path, f"required ({what}: {listed})")
-        return False
-    if value not in choices:
-        c.add(path, f"unknown {what.rstrip('s')} {value!r} ({what}: {listed})")
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class _KvmTargets:
-    """What kvm placement may name; taken leniently from the raw entry when the
-    provider itself has errors, so placement errors are still all reported."""
-
-    provider: str
-    hosts: list[str]
-    machine_types: list[str]
-    images: list[str]
-
-    @classmethod
-    def of(cls, provider: KvmProviderEntry) -> _KvmTargets:
-        kvm = provider.kvm
-        hosts = [h.name for h in kvm.hosts]
-        return cls(provider.name, hosts, list(kvm.machine_types), list(kvm.images))
-
-    @classmethod
-    def of_raw(cls, name: str, entry: Mapping[str, Any]) -> _KvmTargets:
-        kvm = entry.get("kvm") if isinstance(entry.get("kvm"), Mapping) else {}
-        assert isinstance(kvm, Mapping)
-
-        def keys(key: str) -> list[str]:
-            value = kvm.get(key)
-            return [str(k) for k in value] if isinstance(value, Mapping) else []
-
-        raw_hosts = kvm.get("hosts")
-        hosts = [
-            str(h["name"])
-            for h in (raw_hosts if isinstance(raw_hosts, list) else [])
-            if isinstance(h, Mapping) and "name" in h
-        ]
-        return cls(name, hosts, keys("machineTypes"), keys("images"))
-
-
-def _check_kvm_placement(proxy: ProxyEntry, kvm: _KvmTargets, path: str, c: _Collector) -> None:
-    hosts = kvm.hosts
-    zone = proxy.placement.zone
-    if zone is None and len(hosts) > 1:
-        c.add(
-            f"{path}.placement.zone",
-            f"required when provider {kvm.provider!r} has several hosts (hosts: {', '.join(hosts)})",
-        )
-    elif zone is not None and zone not in hosts:
-        c.add(f"{path}.placement.zone", f"unknown host {zone!r} (hosts: {', '.join(hosts)})")
-    _one_of(
-        proxy.placement.machine_type,
-        kvm.machine_types,
-        "machineTypes",
-        f"{path}.placement.machineType",
-        c,
-    )
-    image = proxy.placement.image
-    if image is None or (image not in kvm.images and not _is_http_url(image)):
-        listed = ", ".join(kvm.images) or "none defined"
-        what = "required" if image is None else f"unknown image {image!r}"
-        c.add(f"{path}.placement.image", f"{what} (images: {listed}; or an http(s) URL)")
-
-
-def _is_http_url(value: str) -> bool:
-    parts = urlsplit(value)
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
-
-
 def _check_squid(
     squid: Squid,
     proxies: list[tuple[int, ProxyEntry]],
     providers: dict[str, ProviderEntry],
     c: _Collector,
 ) -> None:
+    registered = backends()
     provisioned = any(
-        p.provider in providers and not isinstance(providers[p.provider], ExternalProviderEntry)
+        p.provider in providers and registered[providers[p.provider].type].provisions
         for _, p in proxies
     )
     if provisioned and not squid.allowed_clients:

@@ -1,5 +1,66 @@
-"""Proxies as GCP Compute VMs (pulumi-gcp): see docs/gcp-provider.md."""
+"""The gcp backend: proxies as GCP Compute VMs (pulumi-gcp), see docs/gcp-provider.md."""
 
-from providers.gcp.backend import GcpBackend
+from __future__ import annotations
 
-__all__ = ["GcpBackend"]
+import argparse
+import builtins
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from providers.gcp import checks
+from providers.gcp.config import (
+    GCP_IMAGE_PATTERN,
+    GCP_PROJECT_PATTERN,
+    GCP_REGION_PATTERN,
+    GcpProviderEntry,
+)
+from proxyinfra.backend import Backend, Deployer
+from proxyinfra.checks import Report
+from proxyinfra.config import ProviderEntry, ProxyEntry
+from proxyinfra.plugins import Plugin, sdk_plugin
+
+
+class GcpBackend:
+    type = "gcp"
+    entry_model: builtins.type[ProviderEntry] = GcpProviderEntry
+    provisions = True
+    takes_user_data = True
+    plugin: Plugin | None = sdk_plugin("pulumi_gcp")
+    pattern_words: Mapping[str, str] = {
+        GCP_IMAGE_PATTERN: "must be an image path projects/P/global/images/family/F "
+        "or projects/P/global/images/NAME",
+        GCP_PROJECT_PATTERN: "must be a GCP project id: 6-30 lowercase letters, digits or '-', "
+        "starting with a letter",
+        GCP_REGION_PATTERN: "must be a GCP region such as europe-west1",
+    }
+
+    def check_provider(self, entry: ProviderEntry, path: str, report: Report) -> None:
+        assert isinstance(entry, GcpProviderEntry)
+        checks.check_provider(entry, path, report)
+
+    def check_proxy(
+        self,
+        proxy: ProxyEntry,
+        entry: ProviderEntry | None,
+        raw: Mapping[str, Any],
+        path: str,
+        report: Report,
+    ) -> None:
+        targets = (
+            checks.GcpTargets.of(entry)
+            if isinstance(entry, GcpProviderEntry)
+            else checks.GcpTargets.of_raw(raw)
+        )
+        checks.check_placement(proxy, targets, path, report)
+
+    def deployer(self, base_dir: Path) -> Deployer:
+        from providers.gcp.deploy import GcpDeployer  # pulumi_gcp: only for a deployment
+
+        return GcpDeployer()
+
+    def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
+        pass  # none yet
+
+
+BACKEND: Backend = GcpBackend()

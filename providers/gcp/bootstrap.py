@@ -12,10 +12,10 @@ from typing import Any
 
 import pulumi
 
+from providers.gcp.config import GcpImage
 from providers.gcp.startup import render_startup_script
 from proxyinfra.backend import ProxyRequest
 from proxyinfra.cloudinit import render_user_data
-from proxyinfra.config import GcpImage
 from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
 
 USER_DATA_KEY = "user-data"

@@ -11,12 +11,11 @@ import pulumi
 import pulumi_gcp as gcp
 
 from providers.gcp.bootstrap import BOOTSTRAP_KEYS, metadata
+from providers.gcp.checks import GcpTargets, gcp_image, gcp_zone
+from providers.gcp.config import GcpProviderEntry
 from providers.gcp.firewall import firewall_rules
 from providers.gcp.labels import network_tag, proxy_labels
 from proxyinfra.backend import Endpoint, ProxyRequest
-from proxyinfra.cloudchecks import GcpTargets, gcp_image, gcp_zone
-from proxyinfra.config import GcpProviderEntry
-from proxyinfra.plugins import Plugin, sdk_plugin
 
 
 @dataclass(frozen=True)
@@ -28,11 +27,6 @@ class _Shared:
     firewall: list[gcp.compute.Firewall]
 
 
-def replica_number(name: str) -> int:
-    """The N of a replica named `<entry>-N`."""
-    return int(name.rsplit("-", 1)[1])
-
-
 def _external_ip(interfaces: Sequence[gcp.compute.outputs.InstanceNetworkInterface]) -> str:
     configs = (interfaces[0].access_configs or []) if interfaces else []
     ip = configs[0].nat_ip if configs else None
@@ -41,10 +35,7 @@ def _external_ip(interfaces: Sequence[gcp.compute.outputs.InstanceNetworkInterfa
     return ip
 
 
-class GcpBackend:
-    plugin: Plugin | None = sdk_plugin("pulumi_gcp")
-    provisions = True
-
+class GcpDeployer:
     def __init__(self) -> None:
         self._shared: dict[str, _Shared] = {}
 
@@ -70,7 +61,7 @@ class GcpBackend:
         shared = self.shared(request)
         targets = GcpTargets.of(provider)
         placement = replica.entry.placement
-        zone = gcp_zone(targets, placement.zone, replica_number(replica.name))
+        zone = gcp_zone(targets, placement.zone, replica.ordinal)
         image = gcp_image(targets, placement.image)
         assert zone is not None and image is not None  # validation guarantees both
         labels = proxy_labels(request)
@@ -133,11 +124,4 @@ class GcpBackend:
             if address is not None
             else instance.network_interfaces.apply(_external_ip)
         )
-        creds = request.credentials
-        return Endpoint(
-            host=host,
-            port=request.squid.port,
-            zone=zone,
-            username=creds.username if creds else None,
-            password=creds.password if creds else None,
-        )
+        return Endpoint.of(request, host, zone)

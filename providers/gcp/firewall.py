@@ -10,8 +10,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from proxyinfra.cloudchecks import client_ranges
-from proxyinfra.config import GcpProviderEntry, Squid
+from providers.gcp.config import GcpProviderEntry
+from proxyinfra.clients import client_ranges
+from proxyinfra.config import Squid
 
 
 def firewall_rules(

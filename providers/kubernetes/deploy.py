@@ -12,15 +12,14 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from providers.kubernetes.config import KubernetesProviderEntry
 from providers.kubernetes.container import CONFIG_KEY, PASSWORDS_KEY, container_settings
-from providers.kubernetes.labels import PART_OF, label_value, proxy_labels, selector
+from providers.kubernetes.labels import PART_OF, STACK_LABEL, label_value, proxy_labels, selector
 from providers.kubernetes.network import network_policy_spec, service_spec
 from providers.kubernetes.workload import deployment_spec
 from proxyinfra.backend import Endpoint, ProxyRequest
-from proxyinfra.config import KubernetesProviderEntry
-from proxyinfra.plugins import Plugin, sdk_plugin
+from proxyinfra.config import resolve_path
 from proxyinfra.squid import password_file_line, render_squid_conf
-from proxyinfra.validation import resolve_path
 
 core = k8s.core.v1
 meta = k8s.meta.v1
@@ -43,10 +42,7 @@ def _load_balancer_address(status: core.outputs.ServiceStatus | None) -> str:
     return address
 
 
-class KubernetesBackend:
-    plugin: Plugin | None = sdk_plugin("pulumi_kubernetes")
-    provisions = True
-
+class KubernetesDeployer:
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
         self._shared: dict[str, _Shared] = {}
@@ -71,7 +67,7 @@ class KubernetesBackend:
                         labels={
                             "app.kubernetes.io/part-of": PART_OF,
                             "app.kubernetes.io/managed-by": "pulumi",
-                            "egress-proxies/stack": label_value(request.stack),
+                            STACK_LABEL: label_value(request.stack),
                         },
                     ),
                     opts=pulumi.ResourceOptions(provider=provider),
@@ -150,10 +146,4 @@ class KubernetesBackend:
         else:
             domain = config.cluster_domain
             host = service.metadata.apply(lambda m: f"{m.name}.{m.namespace}.svc.{domain}")
-        return Endpoint(
-            host=host,
-            port=request.squid.port,
-            zone=replica.entry.placement.zone,
-            username=creds.username if creds else None,
-            password=creds.password if creds else None,
-        )
+        return Endpoint.of(request, host, replica.entry.placement.zone)

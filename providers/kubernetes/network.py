@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pulumi_kubernetes as k8s
 
+from providers.kubernetes.config import KubernetesProvider
 from providers.kubernetes.workload import PORT_NAME
 from proxyinfra.backend import ProxyRequest
-from proxyinfra.cloudchecks import client_ranges
-from proxyinfra.config import KubernetesProvider
+from proxyinfra.clients import client_ranges
 
 core = k8s.core.v1
 net = k8s.networking.v1

@@ -6,6 +6,7 @@ import hashlib
 
 import pulumi_kubernetes as k8s
 
+from providers.kubernetes.config import KubernetesProvider
 from providers.kubernetes.container import (
     AUTH_DIR,
     CONFIG_DIR,
@@ -19,7 +20,6 @@ from providers.kubernetes.container import (
 )
 from providers.kubernetes.labels import selector, stack_selector
 from proxyinfra.backend import ProxyRequest
-from proxyinfra.config import KubernetesProvider
 
 core = k8s.core.v1
 meta = k8s.meta.v1

@@ -1,1 +1,58 @@
-"""The kvm backend: libvirt hosts reached over SSH only."""
+"""The kvm backend: proxies as VMs on libvirt hosts reached over SSH only
+(docs/kvm-provider.md)."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from providers.kvm import checks
+from providers.kvm.config import KvmProviderEntry
+from proxyinfra.backend import Backend, Deployer
+from proxyinfra.checks import Report
+from proxyinfra.config import ProviderEntry, ProxyEntry
+from proxyinfra.plugins import Plugin
+
+
+class KvmBackend:
+    type = "kvm"
+    entry_model: builtins.type[ProviderEntry] = KvmProviderEntry
+    provisions = True
+    takes_user_data = True
+    plugin: Plugin | None = None  # dynamic resources only: run by the engine's Python provider
+    pattern_words: Mapping[str, str] = {}
+
+    def check_provider(self, entry: ProviderEntry, path: str, report: Report) -> None:
+        assert isinstance(entry, KvmProviderEntry)
+        checks.check_provider(entry, path, report)
+
+    def check_proxy(
+        self,
+        proxy: ProxyEntry,
+        entry: ProviderEntry | None,
+        raw: Mapping[str, Any],
+        path: str,
+        report: Report,
+    ) -> None:
+        targets = (
+            checks.Targets.of(entry)
+            if isinstance(entry, KvmProviderEntry)
+            else checks.Targets.of_raw(raw)
+        )
+        checks.check_placement(proxy, targets, path, report)
+
+    def deployer(self, base_dir: Path) -> Deployer:
+        from providers.kvm.deploy import KvmDeployer  # pulumi resources: only for a deployment
+
+        return KvmDeployer(base_dir)
+
+    def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
+        from providers.kvm.commands import add_commands
+
+        add_commands(commands)
+
+
+BACKEND: Backend = KvmBackend()

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from proxyinfra.config import KvmHost, KvmProviderEntry
-from proxyinfra.validation import resolve_path
+from providers.kvm.config import KvmHost, KvmProviderEntry
+from proxyinfra.config import resolve_path
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class HostAccess:
         return cls(
             provider=provider.name,
             host=host.name,
-            address=host.address,
-            port=host.port,
+            address=host.ssh_host,
+            port=host.ssh_port,
             user=host.user,
             key_file=str(resolve_path(kvm.ssh_key_file, base_dir)),
             known_hosts_file=str(resolve_path(known, base_dir)) if known else None,

@@ -586,11 +586,12 @@ class BaseImage(pulumi.dynamic.Resource):
         *,
         host: HostAccess,
         url: str,
-        sha256: str | None = None,
-        format: str = "qcow2",
-        keep: bool = False,
+        sha256: str | None,
+        format: str,
+        keep: bool,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        # No defaults here: the config's (providers/kvm/config.py) are the only ones.
         volume = base_volume(url, sha256, format)
         props = {
             "host": host.to_props(),

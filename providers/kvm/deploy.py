@@ -11,14 +11,13 @@ import pulumi
 
 from providers.kvm.access import HostAccess
 from providers.kvm.baseimage import BaseImage
+from providers.kvm.config import KvmHost, KvmImage, KvmProviderEntry
 from providers.kvm.domain import ProxyDomain
 from providers.kvm.overlay import Overlay
 from providers.kvm.seediso import SeedIso
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.cloudinit import render_meta_data, render_user_data
-from proxyinfra.config import KvmHost, KvmImage, KvmProviderEntry
 from proxyinfra.names import overlay_volume, seed_volume
-from proxyinfra.plugins import Plugin
 from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
 
 SHUTDOWN_TIMEOUT_SECONDS = 60
@@ -34,10 +33,7 @@ def _image(provider: KvmProviderEntry, key: str) -> KvmImage:
     return provider.kvm.images.get(key) or KvmImage(url=key)
 
 
-class KvmBackend:
-    plugin: Plugin | None = None  # dynamic resources only: run by the engine's Python provider
-    provisions = True
-
+class KvmDeployer:
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
         self._bases: dict[tuple[str, str, str, str | None], BaseImage] = {}
@@ -101,8 +97,8 @@ class KvmBackend:
                 "project": request.project,
                 "stack": request.stack,
                 "logicalName": replica.name,
-                "memoryMib": machine.memory_mb,
-                "vcpus": machine.cpus,
+                "memoryMib": machine.memory_mib,
+                "vcpus": machine.vcpus,
                 "domainType": host.domain_type,
                 "cpuMode": host.cpu_mode,
                 "firmware": image.firmware,
@@ -117,14 +113,7 @@ class KvmBackend:
             },
             child,
         )
-        creds = request.credentials
-        return Endpoint(
-            host=domain.ip,
-            port=request.squid.port,
-            zone=host.name,
-            username=creds.username if creds else None,
-            password=creds.password if creds else None,
-        )
+        return Endpoint.of(request, domain.ip, host.name)
 
     @staticmethod
     def _user_data(request: ProxyRequest) -> pulumi.Output[str]:

@@ -30,6 +30,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.domainxml import NS_URI, DomainSpec, ProxyMetadata, build_domain_xml
 from providers.kvm.errors import CapacityError, KvmError
 from providers.kvm.resource import KvmProvider
+from providers.kvm.rules import DEFAULT_CPU_MODE, DEFAULT_DOMAIN_TYPE, DEFAULT_FIRMWARE
 from providers.kvm.trace import state_name
 from providers.kvm.volumes import human
 
@@ -74,9 +75,9 @@ def _spec(props: dict[str, Any], created: datetime) -> DomainSpec:
         name=props["name"],
         memory_mib=int(props["memoryMib"]),
         vcpus=int(props["vcpus"]),
-        domain_type=props.get("domainType", "kvm"),
-        cpu_mode=props.get("cpuMode", "host-passthrough"),
-        firmware=props.get("firmware", "uefi"),
+        domain_type=props.get("domainType", DEFAULT_DOMAIN_TYPE),
+        cpu_mode=props.get("cpuMode", DEFAULT_CPU_MODE),
+        firmware=props.get("firmware", DEFAULT_FIRMWARE),
         disk_path=props["diskPath"],
         seed_path=props["seedPath"],
         network=network,

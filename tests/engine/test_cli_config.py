@@ -26,8 +26,10 @@ def kvm_provider(tmp_path: Path, **host: Any) -> dict[str, Any]:
             "sshKeyFile": str(key),
             "knownHostsFile": str(known),
             "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-            "machineTypes": {"s": {"cpus": 1, "memoryMb": 512}},
-            "hosts": [{"name": "nas1", "address": "192.0.2.1", "network": "n", **host}],
+            "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
+            "hosts": [
+                {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n", **host}
+            ],
         },
     }
 
@@ -36,7 +38,7 @@ def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
     tmp_path: Path,
 ) -> None:
     config = {
-        "providers": [kvm_provider(tmp_path, cpuMode="hostpassthrough", adress="x")],
+        "providers": [kvm_provider(tmp_path, cpuMode="custom")],
         "proxies": [
             {
                 "name": "a",
@@ -45,7 +47,7 @@ def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
             },
             {"name": "b", "provider": "nowhere", "placement": {"machineType": "s"}},
         ],
-        "squid": {"allowedClients": ["10.0.0.0/8"], "port": 70000},
+        "squid": {"allowedClients": ["10.0.0.0/8"], "port": 70000, "prot": 1},
     }
     stack = CliStack(tmp_path / "project", "bad", config)
     done = stack.run("preview")
@@ -57,7 +59,9 @@ def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
         ("proxies[0].placement.zone", "'nas9'"),
         ("proxies[1].provider", "'nowhere'"),
         ("squid.port", "70000"),
-        ("providers[0].kvm.hosts[0].adress", "unknown key"),
+        ("squid.prot", "unknown key"),
+        # A rule of libvirt's, which the provider process used to find only during up.
+        ("providers[0].kvm.hosts[0].cpuMode", "'custom' is not a CPU model"),
     ]:
         line = next((ln for ln in out.splitlines() if path in ln), None)
         assert line is not None and value in line, (path, out[-3000:])

@@ -40,7 +40,7 @@ def fleet_config(testbed: Testbed, image_url: str, solo_image: str = "tiny") -> 
     provider = yaml.safe_load(testbed.provider_yaml.read_text())
     # The same file under two URLs: two bases (named by URL without a digest).
     provider["kvm"]["images"] = {"tiny": {"url": image_url}, "tiny-b": {"url": image_url + "?b"}}
-    provider["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 256}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
     provider["kvm"]["ipTimeoutSeconds"] = 180
     placement = {"machineType": "small", "image": "tiny"}
     return {

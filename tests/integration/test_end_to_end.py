@@ -64,7 +64,7 @@ def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any
     provider = yaml.safe_load(testbed.provider_yaml.read_text())
     # With its digest the base is named by content: cached on the host across runs.
     provider["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
-    provider["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 512}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 512}}
     provider["kvm"]["ipTimeoutSeconds"] = 300
     return {
         "providers": [provider],

@@ -64,7 +64,7 @@ def planted(testbed: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
     made |= {"orphan_volume": orphan_vol, "other_volume": other_vol, "pool": testbed.pool}
     provider = yaml.safe_load(testbed.provider_yaml.read_text())
     provider["kvm"]["images"] = {"tiny": {"url": "http://127.0.0.1:9/tiny.qcow2"}}
-    provider["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 256}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
     config = {
         "egress-proxies:providers": [provider],
         "egress-proxies:proxies": [

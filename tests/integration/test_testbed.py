@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def names(output: str) -> list[str]:
@@ -45,6 +48,28 @@ def test_second_up_is_quick_and_changes_nothing(testbed: Testbed) -> None:
     assert " started" not in result.stderr, result.stderr
     assert {p.name: p.read_text() for p in pid_files if p.exists()} == pids
     assert {p: p.stat().st_mtime_ns for p in written} == mtimes
+
+
+def test_a_second_checkout_neither_takes_over_nor_tears_down_the_testbed(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The user, pool, network and port are the machine's: another checkout's
+    `up` refuses (naming this one) before touching anything, and its `down`
+    (what its test session runs after a failed `up`) leaves them alone."""
+    other = tmp_path / "checkout"
+    (other / "scripts").mkdir(parents=True)
+    for name in ("testbed", "install-packages", "testbed-packages.txt"):
+        shutil.copy2(ROOT / "scripts" / name, other / "scripts" / name)
+    script = other / "scripts" / "testbed"
+    up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 1
+    assert f"the testbed of {ROOT} is up on this machine" in up.stderr, up.stderr
+    assert not (other / ".testbed").exists()
+    down = subprocess.run([str(script), "down"], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert f"the testbed on this machine is {ROOT}'s: nothing of it touched" in down.stderr
+    status = testbed.script("status")
+    assert status.returncode == 0, status.stdout
 
 
 def test_status_reports_everything_up(testbed: Testbed) -> None:
@@ -74,8 +99,7 @@ def test_provider_yaml_describes_the_testbed(testbed: Testbed) -> None:
             "hosts": [
                 {
                     "name": "testbed",
-                    "address": "127.0.0.1",
-                    "port": testbed.ssh_port,
+                    "address": f"127.0.0.1:{testbed.ssh_port}",
                     "user": testbed.user,
                     "socket": testbed.socket,
                     "pool": testbed.pool,

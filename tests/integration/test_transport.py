@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -12,13 +11,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import libvirt
 import pytest
-import yaml
 
-from providers.kvm.access import HostAccess
 from providers.kvm.connection import HostConnection
 from providers.kvm.errors import (
     AuthenticationRefused,
@@ -29,18 +25,11 @@ from providers.kvm.errors import (
     LibvirtSocketError,
 )
 from proxyinfra.cloudinit import render_user_data
-from proxyinfra.config import KvmProviderEntry
 from tests.support.sshd import PrivateSshd
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, access_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def access_for(testbed: Testbed, **changes: Any) -> HostAccess:
-    entry = KvmProviderEntry.model_validate(yaml.safe_load(testbed.provider_yaml.read_text()))
-    access = HostAccess.of(entry, entry.kvm.hosts[0], ROOT)
-    return dataclasses.replace(access, **changes)
 
 
 @pytest.fixture
@@ -297,7 +286,7 @@ def test_one_connection_shared_by_threads(testbed: Testbed) -> None:
 
 EXIT_SCRIPT = """
 from tests.support.testbed import load_testbed
-from tests.integration.test_transport import access_for
+from tests.support.testbed import access_for
 from providers.kvm.connection import connect
 testbed = load_testbed()
 conn = connect(access_for(testbed)).libvirt()
@@ -339,7 +328,7 @@ def test_dropped_connection_is_logged_with_its_reason(
 
 UNPOOLED_EXIT_SCRIPT = """
 from tests.support.testbed import load_testbed
-from tests.integration.test_transport import access_for
+from tests.support.testbed import access_for
 from providers.kvm.connection import HostConnection
 testbed = load_testbed()
 conn = HostConnection(access_for(testbed)).libvirt()

@@ -8,17 +8,15 @@ from typing import Any
 
 import pulumi
 
-from providers.external import ExternalBackend
+from providers.external import ExternalDeployer
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.fleet import build_fleet
 from proxyinfra.program import raw_config
 from proxyinfra.validation import validate
 
 
-class RecordingBackend:
+class RecordingDeployer:
     """Registers one plain resource per proxy, carrying what a real backend gets."""
-
-    provisions = True
 
     def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint:
         creds = request.credentials
@@ -28,16 +26,11 @@ class RecordingBackend:
         made = pulumi.CustomResource(
             "test:backend:Machine", request.id, props, pulumi.ResourceOptions(parent=parent)
         )
-        return Endpoint(
-            host=made.id.apply(lambda i: f"{i}.invalid"),
-            port=request.squid.port,
-            zone=request.replica.entry.placement.zone,
-            username=creds.username if creds else None,
-            password=creds.password if creds else None,
-        )
+        host = made.id.apply(lambda i: f"{i}.invalid")
+        return Endpoint.of(request, host, request.replica.entry.placement.zone)
 
 
 def main() -> dict[str, Any]:
     config = validate(raw_config(), Path.cwd())
-    backends = {"kvm": RecordingBackend(), "external": ExternalBackend()}
-    return {"fleet": build_fleet(config, backends)}  # type: ignore[dict-item]
+    deployers = {"kvm": RecordingDeployer(), "external": ExternalDeployer()}
+    return {"fleet": build_fleet(config, deployers)}

@@ -30,8 +30,10 @@ def config(keys: Path, auth: bool) -> dict[str, Any]:
                     "sshKeyFile": str(keys / "key"),
                     "knownHostsFile": str(keys / "known"),
                     "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-                    "machineTypes": {"s": {"cpus": 1, "memoryMb": 512}},
-                    "hosts": [{"name": "nas1", "address": "192.0.2.1", "network": "n"}],
+                    "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
+                    "hosts": [
+                        {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n"}
+                    ],
                 },
             },
             {"name": "corp", "type": "external"},

@@ -53,7 +53,7 @@ def test_dev_stack_points_at_the_testbed_scripts_testbed_makes(testbed: Testbed)
     made = yaml.safe_load(testbed.provider_yaml.read_text())
     (provider,) = dev["providers"]
     host, made_host = provider["kvm"]["hosts"][0], made["kvm"]["hosts"][0]
-    for key in ("address", "port", "user", "pool", "network", "domainType"):
+    for key in ("address", "user", "pool", "network", "domainType"):
         assert host[key] == made_host[key], key
     for key in ("sshKeyFile", "knownHostsFile"):
         assert (ROOT / provider["kvm"][key]).resolve() == Path(made["kvm"][key]).resolve(), key
@@ -139,7 +139,9 @@ def test_insecure_host_keys_are_warned_about_at_program_start(tmp_path: Path) ->
             "kvm": {
                 "sshKeyFile": str(key),
                 "insecureIgnoreHostKey": True,
-                "hosts": [{"name": "h1", "address": "192.0.2.1", "network": "default"}],
+                "hosts": [
+                    {"name": "h1", "address": "192.0.2.1:22", "user": "virt", "network": "default"}
+                ],
             },
         }
     )

@@ -28,9 +28,8 @@ from providers.kvm.baseimage import BaseImageProvider, write_marker
 from providers.kvm.volumes import MIB, lookup_volume, volume_xml
 from proxyinfra.names import base_marker_volume, base_volume
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
-from tests.integration.test_transport import access_for
 from tests.support.http import FileServer
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, access_for
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)

@@ -15,9 +15,8 @@ from providers.kvm.domain import ProxyDomainProvider, mac_for
 from providers.kvm.volumes import lookup_volume, upload, volume_xml
 from proxyinfra.names import overlay_volume, proxy_id, seed_volume
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
-from tests.integration.test_transport import access_for
 from tests.support.images import tiny_image
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, access_for
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)

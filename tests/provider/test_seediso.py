@@ -28,8 +28,7 @@ from tests.harness.engine import (
     provider_inputs,
 )
 from tests.harness.program import run_program
-from tests.integration.test_transport import access_for
-from tests.support.testbed import Testbed, load_testbed
+from tests.support.testbed import Testbed, access_for, load_testbed
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)

@@ -9,6 +9,7 @@ none, unless TESTBED_KEEP=1.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -16,8 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from providers.kvm.access import HostAccess
+from providers.kvm.config import KvmProviderEntry
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "testbed"
@@ -185,3 +191,10 @@ def testbed() -> Iterator[Testbed]:
     finally:
         if made_here and not keep:
             run_testbed("down")
+
+
+def access_for(testbed: Testbed, **changes: Any) -> HostAccess:
+    """How the kvm provider reaches the testbed (its provider.yaml), with CHANGES."""
+    entry = KvmProviderEntry.model_validate(yaml.safe_load(testbed.provider_yaml.read_text()))
+    access = HostAccess.of(entry, entry.kvm.hosts[0], ROOT)
+    return dataclasses.replace(access, **changes)

@@ -1,4 +1,4 @@
-"""`python -m discovery serve`: the flags of DESIGN.md and the refusals."""
+"""`python -m discovery serve`: its flags (docs/discovery.md) and the refusals."""
 
 from __future__ import annotations
 

@@ -6,15 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from proxyinfra.cloudchecks import ClientRanges, client_ranges
-from proxyinfra.config import (
-    DEFAULT_VENDOR_DATA,
-    GcpProviderEntry,
-    KubernetesProviderEntry,
-    KvmProviderEntry,
-)
+from providers.gcp.config import GcpProviderEntry
+from providers.kubernetes.config import KubernetesProviderEntry
+from providers.kvm.config import DEFAULT_VENDOR_DATA, KvmProviderEntry
+from proxyinfra.clients import ClientRanges, client_ranges
 from proxyinfra.validation import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -29,10 +29,10 @@ def kvm_provider(**overrides: Any) -> dict[str, Any]:
         "sshKeyFile": "id_ed25519",
         "knownHostsFile": "known_hosts",
         "images": {"debian-13": {"url": "https://images.example/debian-13.qcow2"}},
-        "machineTypes": {"small": {"cpus": 1, "memoryMb": 512}},
+        "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
         "hosts": [
-            {"name": "nas1", "address": "192.0.2.10", "bridge": "br0"},
-            {"name": "nas2", "address": "192.0.2.11", "network": "default"},
+            {"name": "nas1", "address": "192.0.2.10:22", "user": "virt", "bridge": "br0"},
+            {"name": "nas2", "address": "192.0.2.11:22", "user": "virt", "network": "default"},
         ],
     }
     kvm.update(overrides)
@@ -75,7 +75,8 @@ def test_good_config_parses_with_seed_defaults(keys: Path) -> None:
     host = kvm.kvm.hosts[0]
     assert host.socket == "/var/run/libvirt/libvirt-sock"
     assert host.pool == "default"
-    assert (host.domain_type, host.cpu_mode, host.port) == ("kvm", "host-passthrough", 22)
+    assert (host.domain_type, host.cpu_mode) == ("kvm", "host-passthrough")
+    assert (host.ssh_host, host.ssh_port, host.user) == ("192.0.2.10", 22, "virt")
     assert config.squid.port == 3128
     assert [r.name for r in config.replicas()] == ["home-0", "home-1", "corp-1"]
 
@@ -92,7 +93,7 @@ def test_five_mistakes_reported_together_with_paths(keys: Path) -> None:
         "providers[0].kvm.diskSizeGb: Input should be a valid integer, unable to parse string "
         "as an integer (got 'ten')",
         "providers[0].kvm.hosts[0].adress: unknown key (allowed: address, bridge, cpuMode, "
-        "domainType, name, network, pool, port, socket, user); did you mean 'address'?",
+        "domainType, name, network, pool, socket, user); did you mean 'address'?",
         "proxies[0].placement.zone: unknown host 'nas9' (hosts: nas1, nas2)",
         "proxies[0].placement.machineType: unknown machineType 'huge' (machineTypes: small)",
         "proxies[2].provider: unknown provider 'nowhere' (providers: corp)",
@@ -183,7 +184,9 @@ def test_provider_types_and_bridge_or_network(keys: Path) -> None:
     raw = good_config()
     raw["providers"].append({"name": "odd", "type": "vmware"})
     raw["providers"][0]["kvm"]["hosts"][1]["bridge"] = "br0"
-    raw["providers"][0]["kvm"]["hosts"].append({"name": "nas1", "address": "a", "bridge": "b"})
+    raw["providers"][0]["kvm"]["hosts"].append(
+        {"name": "nas1", "address": "a:22", "user": "u", "bridge": "b"}
+    )
     assert errors_of(raw, keys) == [
         "providers[2].type: unknown provider type 'vmware' (types: external, gcp, kubernetes, kvm)",
         "providers[0].kvm.hosts[1]: set exactly one of bridge or network (both set)",
@@ -457,3 +460,136 @@ def test_client_ranges_split_families_the_way_squid_sees_them() -> None:
     assert ranges.everyone == []
     assert client_ranges(["::/1"]).v4 == ["0.0.0.0/0"]  # ::/1 holds every IPv4 client
     assert client_ranges(["::/1"]).everyone == ["IPv4"]
+
+
+def doc_block(path: Path, heading: str) -> dict[str, Any]:
+    """The first yaml block below HEADING in a Markdown file, parsed."""
+    text = path.read_text()
+    section = text[text.index(f"\n## {heading}\n") :]
+    block = section[
+        section.index("```yaml\n") + 8 : section.index("\n```", section.index("```yaml"))
+    ]
+    return yaml.safe_load(block)
+
+
+def test_the_seed_sample_provider_entry_validates_as_written(tmp_path: Path) -> None:
+    """docs/kvm-provider.md, "Add a provider entry": the seed's field names
+    (vcpus, memoryMiB, address host:port, user) with its files in place."""
+    config = doc_block(ROOT / "docs" / "kvm-provider.md", "Add a provider entry")["config"]
+    raw = {key.removeprefix("egress-proxies:"): value for key, value in config.items()}
+    kvm = raw["providers"][0]["kvm"]
+    home = tmp_path / "home"
+    for key in ("sshKeyFile", "knownHostsFile"):
+        target = home / kvm[key].removeprefix("~/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("x\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        parsed = validate(raw, tmp_path)
+    entry = parsed.providers["kvm-home"]
+    assert isinstance(entry, KvmProviderEntry)
+    small = entry.kvm.machine_types["small"]
+    assert (small.vcpus, small.memory_mib) == (1, 1024)
+    nas1 = entry.kvm.hosts[0]
+    assert (nas1.ssh_host, nas1.ssh_port, nas1.user) == ("nas1.home.lan", 22, "virt")
+    assert [r.name for r in parsed.replicas()] == ["home-0", "home-1"]
+
+
+@pytest.mark.parametrize(
+    ("address", "host", "port"),
+    [
+        ("nas1.home.lan:22", "nas1.home.lan", 22),
+        ("192.0.2.10:2222", "192.0.2.10", 2222),
+        ("[2001:db8::1]:22", "2001:db8::1", 22),
+    ],
+)
+def test_host_address_is_host_and_port(keys: Path, address: str, host: str, port: int) -> None:
+    raw = good_config()
+    raw["providers"][0]["kvm"]["hosts"][0]["address"] = address
+    parsed = validate(raw, keys).providers["kvm-home"]
+    assert isinstance(parsed, KvmProviderEntry)
+    assert (parsed.kvm.hosts[0].ssh_host, parsed.kvm.hosts[0].ssh_port) == (host, port)
+
+
+@pytest.mark.parametrize(
+    "address", ["192.0.2.10", "nas1:", ":22", "nas1:0", "nas1:65536", "nas1:ssh", "2001:db8::1:22"]
+)
+def test_host_address_without_a_usable_port_is_an_error(keys: Path, address: str) -> None:
+    raw = good_config()
+    raw["providers"][0]["kvm"]["hosts"][0]["address"] = address
+    assert errors_of(raw, keys) == [
+        "providers[0].kvm.hosts[0].address: must be host:port, such as nas1.home.lan:22 or "
+        f"[2001:db8::1]:22 (SSH port 1-65535) (got {address!r})"
+    ]
+
+
+def test_old_field_names_are_errors_that_name_the_seed_ones(keys: Path) -> None:
+    raw = good_config()
+    raw["providers"][0]["kvm"]["machineTypes"] = {"small": {"cpus": 1, "memoryMb": 512}}
+    del raw["providers"][0]["kvm"]["hosts"][0]["user"]
+    raw["providers"][0]["kvm"]["hosts"][1]["port"] = 22
+    assert errors_of(raw, keys) == [
+        "providers[0].kvm.machineTypes.small.vcpus: required",
+        "providers[0].kvm.machineTypes.small.memoryMiB: required",
+        "providers[0].kvm.machineTypes.small.cpus: unknown key (allowed: memoryMiB, vcpus); "
+        "did you mean 'vcpus'?",
+        "providers[0].kvm.machineTypes.small.memoryMb: unknown key (allowed: memoryMiB, vcpus); "
+        "did you mean 'memoryMiB'?",
+        "providers[0].kvm.hosts[0].user: required",
+        "providers[0].kvm.hosts[1].port: unknown key (allowed: address, bridge, cpuMode, "
+        "domainType, name, network, pool, socket, user)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("host", "error"),
+    [
+        (
+            {"cpuMode": "custom"},
+            "providers[0].kvm.hosts[0].cpuMode: 'custom' is not a CPU model; name the model itself",
+        ),
+        (
+            {"cpuMode": "host passthrough"},
+            "providers[0].kvm.hosts[0].cpuMode: 'host passthrough' is not one of "
+            "host-passthrough, host-model, maximum or a CPU model name (e.g. Skylake-Client-v4)",
+        ),
+        (
+            {"bridge": "a-very-long-bridge0"},
+            "providers[0].kvm.hosts[0].bridge: 'a-very-long-bridge0' is not a Linux interface "
+            "name (1-15 characters, no '/', ':' or spaces)",
+        ),
+        (
+            {"bridge": "br:0"},
+            "providers[0].kvm.hosts[0].bridge: 'br:0' is not a Linux interface name "
+            "(1-15 characters, no '/', ':' or spaces)",
+        ),
+        (
+            {"bridge": None, "network": "lan/1"},
+            "providers[0].kvm.hosts[0].network: 'lan/1' contains '/'",
+        ),
+        (
+            {"bridge": None, "network": "lan\t1"},
+            "providers[0].kvm.hosts[0].network: 'lan\\t1' contains the control character '\\t'",
+        ),
+    ],
+)
+def test_libvirt_rules_on_host_fields_fail_validation(
+    keys: Path, host: dict[str, Any], error: str
+) -> None:
+    """What the domain XML builder would refuse during `up` (after the base,
+    overlay and seed were made) is a config error before any resource."""
+    raw = good_config()
+    entry = raw["providers"][0]["kvm"]["hosts"][0]
+    entry.update(host)
+    if entry.get("bridge") is None:
+        entry.pop("bridge", None)
+    assert errors_of(raw, keys) == [error]
+
+
+def test_every_cpu_mode_and_model_the_builder_takes_passes(keys: Path) -> None:
+    from providers.kvm.rules import CPU_MODES
+
+    for mode in (*CPU_MODES, "Skylake-Client-v4", "qemu64"):
+        raw = good_config()
+        raw["providers"][0]["kvm"]["hosts"][0]["cpuMode"] = mode
+        validate(raw, keys)

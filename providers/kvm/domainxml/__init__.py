@@ -17,13 +17,8 @@ from providers.kvm.domainxml.metadata import (
     parse_metadata,
 )
 from providers.kvm.domainxml.parse import DiskInfo, DomainInfo, InterfaceInfo, parse_domain
-from providers.kvm.domainxml.spec import (
-    CPU_MODES,
-    MIN_MEMORY_MIB,
-    DomainSpec,
-    DomainType,
-    Firmware,
-)
+from providers.kvm.domainxml.spec import DomainSpec
+from providers.kvm.rules import CPU_MODES, MIN_MEMORY_MIB, DomainType, Firmware
 
 __all__ = [
     "CPU_MODES",

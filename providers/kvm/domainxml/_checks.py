@@ -7,7 +7,8 @@ message reads ``DomainSpec.memory_mib: 64 is below the minimum of 128``.
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from providers.kvm.rules import text_problem
 
 
 def fail(field: str, value: object, problem: str) -> ValueError:
@@ -24,19 +25,11 @@ def check_int(field: str, value: object, minimum: int) -> int:
 
 
 def check_text(field: str, value: object) -> str:
-    """A non-empty string without control characters (newlines, tabs, NUL, ...).
-
-    ElementTree escapes ``<``, ``&`` and quotes, but control characters either
-    cannot appear in XML 1.0 at all or are silently normalised away in
-    attributes, so they are refused here.
-    """
-    if not isinstance(value, str):
-        raise fail(field, value, "is not a string")
-    if not value:
-        raise fail(field, value, "is empty")
-    for char in value:
-        if unicodedata.category(char) in ("Cc", "Cs"):
-            raise fail(field, value, f"contains the control character {char!r}")
+    """A non-empty string without control characters (ElementTree escapes
+    ``<``, ``&`` and quotes, but not those)."""
+    if problem := text_problem(value):
+        raise fail(field, value, problem)
+    assert isinstance(value, str)
     return value
 
 

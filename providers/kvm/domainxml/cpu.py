@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from providers.kvm.domainxml._xml import element, sub
-from providers.kvm.domainxml.spec import CPU_MODES
+from providers.kvm.rules import CPU_MODES
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from providers.kvm.domainxml._xml import element, sub
-from providers.kvm.domainxml.spec import Firmware
+from providers.kvm.rules import Firmware
 
 ARCH = "x86_64"
 MACHINE = "q35"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from providers.kvm.domainxml import _xml
 from providers.kvm.domainxml.metadata import ProxyMetadata, metadata_from_element
-from providers.kvm.domainxml.spec import Firmware
+from providers.kvm.rules import Firmware
 
 MIB = 1024 * 1024
 

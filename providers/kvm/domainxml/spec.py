@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from providers.kvm.domainxml._checks import (
     check_absolute_path,
@@ -14,26 +13,26 @@ from providers.kvm.domainxml._checks import (
     fail,
 )
 from providers.kvm.domainxml.metadata import ProxyMetadata
-
-DomainType = Literal["kvm", "qemu"]
-Firmware = Literal["uefi", "bios"]
+from providers.kvm.rules import (
+    CPU_MODES,
+    DEFAULT_CPU_MODE,
+    DEFAULT_DOMAIN_TYPE,
+    DEFAULT_FIRMWARE,
+    MIN_MEMORY_MIB,
+    DomainType,
+    Firmware,
+    bridge_problem,
+    cpu_mode_problem,
+    network_problem,
+)
 
 DOMAIN_TYPES: tuple[DomainType, ...] = ("kvm", "qemu")
 FIRMWARES: tuple[Firmware, ...] = ("uefi", "bios")
 
-CPU_MODES = ("host-passthrough", "host-model", "maximum")
-"""``cpu_mode`` values rendered as ``<cpu mode='VALUE'/>``; any other value names a
-CPU model and renders as ``<cpu mode='custom'><model>VALUE</model></cpu>``."""
-
-MIN_MEMORY_MIB = 128
-
 NAME_RE = re.compile(r"proxy-[0-9a-f]{10}")
 """Domain names are proxy ids (proxyinfra.names.proxy_id)."""
 
-_CPU_MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _MAC_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
-# Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace.
-_BRIDGE_RE = re.compile(r"[^\s/:]{1,15}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +51,9 @@ class DomainSpec:
     disk_path: str
     seed_path: str
     metadata: ProxyMetadata
-    domain_type: DomainType = "kvm"
-    cpu_mode: str = "host-passthrough"
-    firmware: Firmware = "uefi"
+    domain_type: DomainType = DEFAULT_DOMAIN_TYPE
+    cpu_mode: str = DEFAULT_CPU_MODE
+    firmware: Firmware = DEFAULT_FIRMWARE
     secure_boot: bool = False
     network: str | None = None
     bridge: str | None = None
@@ -87,16 +86,8 @@ class DomainSpec:
             raise fail("DomainSpec.metadata", self.metadata, "is not a ProxyMetadata")
 
     def _check_cpu_mode(self) -> None:
-        field = "DomainSpec.cpu_mode"
-        if self.cpu_mode == "custom":
-            raise fail(field, self.cpu_mode, "is not a CPU model; name the model itself")
-        if self.cpu_mode not in CPU_MODES:
-            check_pattern(
-                field,
-                self.cpu_mode,
-                _CPU_MODEL_RE,
-                f"one of {', '.join(CPU_MODES)} or a CPU model name (e.g. Skylake-Client-v4)",
-            )
+        if problem := cpu_mode_problem(self.cpu_mode):
+            raise fail("DomainSpec.cpu_mode", self.cpu_mode, problem)
 
     def _check_nic(self) -> None:
         if (self.network is None) == (self.bridge is None):
@@ -104,19 +95,10 @@ class DomainSpec:
                 "DomainSpec.network/bridge: exactly one must be set, got "
                 f"network={self.network!r} bridge={self.bridge!r}"
             )
-        if self.bridge is not None:
-            check_pattern(
-                "DomainSpec.bridge",
-                self.bridge,
-                _BRIDGE_RE,
-                "a Linux interface name (1-15 characters, no '/', ':' or spaces)",
-            )
-            if self.bridge in (".", ".."):
-                raise fail("DomainSpec.bridge", self.bridge, "is not a Linux interface name")
-        if self.network is not None:
-            check_text("DomainSpec.network", self.network)
-            if "/" in self.network:
-                raise fail("DomainSpec.network", self.network, "contains '/'")
+        if self.bridge is not None and (problem := bridge_problem(self.bridge)):
+            raise fail("DomainSpec.bridge", self.bridge, problem)
+        if self.network is not None and (problem := network_problem(self.network)):
+            raise fail("DomainSpec.network", self.network, problem)
         if self.mac is not None:
             mac = check_text("DomainSpec.mac", self.mac).lower()
             if not _MAC_RE.fullmatch(mac):

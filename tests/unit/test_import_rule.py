@@ -1,0 +1,68 @@
+"""The package rule (docs/architecture.md, "Packages"), as `lint-imports` in
+scripts/test checks it: kept by this checkout, broken by a core module that
+imports a backend or a backend that imports another."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.programs import ROOT
+
+LINT = ROOT / ".venv" / "bin" / "lint-imports"
+PACKAGES = ("proxyinfra", "providers", "discovery", "health")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_this_checkout_keeps_every_contract() -> None:
+    done = lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (
+            "proxyinfra/fleet.py",
+            "import providers.kvm.deploy",
+            "the core reaches backends only through proxyinfra.registry, never by import BROKEN",
+        ),
+        (
+            "providers/gcp/deploy.py",
+            "from providers.kvm.config import KvmHost",
+            "backends do not import one another BROKEN",
+        ),
+        (
+            "discovery/fleet.py",
+            "import providers.external",
+            "the discovery service and the health engine know no backend (only the manifest) BROKEN",
+        ),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    done = lint(tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert contract in done.stdout, done.stdout
