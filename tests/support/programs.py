@@ -379,5 +379,6 @@ class ExecRecorder:
         if os.path.basename(executable) == "pulumi":
             # A real CLI, not a stand-in a test wrote to a temporary directory.
             where = resolve(executable, environ_path)
-            if where is None or not where.startswith(tempfile.gettempdir() + "/"):
+            in_tmp = where is not None and where.startswith(tempfile.gettempdir() + "/")
+            if where is None or not in_tmp or where.startswith(str(ROOT) + "/"):
                 self.cli_runs += 1
