@@ -26,23 +26,14 @@ of the file) and ``cached`` (whether create found it already there).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import logging
-import re
-import struct
 import time
-import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import httpx
 import libvirt
 import pulumi
 from pulumi.dynamic import (
-    CheckFailure,
     CheckResult,
     CreateResult,
     DiffResult,
@@ -50,13 +41,32 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from providers.kvm.access import HostAccess
+from providers.kvm.args import Change
+from providers.kvm.baseinputs import BaseImageArgs, host_moved, input_failures
+from providers.kvm.basevolumes import (
+    Image,
+    describe,
+    leftover,
+    read_marker,
+    remove_volume,
+    trusted,
+    volume_facts,
+    write_marker,
+)
+from providers.kvm.download import (
+    Log,
+    Progress,
+    content_length,
+    download,
+    hashed,
+    initial_capacity,
+    shown_url,
+    verify,
+)
 from providers.kvm.errors import HostResourceMissing, ImageError, InUseError
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
-    MIB,
     backed_by,
-    download_small,
     human,
     lookup_pool,
     lookup_volume,
@@ -65,33 +75,6 @@ from providers.kvm.volumes import (
     upload,
     volume_xml,
 )
-from proxyinfra.names import base_marker_volume, base_volume
-
-Log = logging.LoggerAdapter[logging.Logger]
-
-FORMATS = ("qcow2", "raw")
-INPUTS = ("host", "url", "sha256", "format", "volume", "marker", "keep")
-# Where a base lives; the other host fields only say how to get there.
-HOST_IDENTITY = ("address", "port", "socket", "pool")
-CHUNK = MIB  # per HTTP read and per libvirt stream send: memory is a few of these
-PROGRESS_SECONDS = 2.0
-PROGRESS_PERCENT = 10
-MARKER_LIMIT = 4096  # a marker holds 64 hex digits; anything bigger is not ours
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-QCOW2_MAGIC = b"QFI\xfb"
-QCOW2_HEADER = 32  # magic, version, backing file offset and size, cluster bits, virtual size
-# Generous read timeout: a mirror may pause, but a dead one must not hang `pulumi up`.
-TIMEOUT = httpx.Timeout(60.0, connect=30.0)
-
-
-@dataclass(frozen=True)
-class Image:
-    """A base on the host as the outputs describe it."""
-
-    path: str
-    digest: str
-    size: int
-
 
 # -- the provider ---------------------------------------------------------------------------
 
@@ -101,12 +84,12 @@ class BaseImageProvider(KvmProvider):
         return CheckResult(news, input_failures(news))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [k for k in INPUTS if _differs(k, olds.get(k), news.get(k))]
-        moved = "host" in changed and _host_moved(olds.get("host"), news.get("host"))
+        changed = BaseImageArgs.changed(olds, news)
+        moved = "host" in changed and host_moved(olds.get("host"), news.get("host"))
         renamed = "volume" in changed or "marker" in changed
         # A new url with the same configured digest is the same content under
         # the same name: recorded in place, never a new download.
-        triggers = {"volume", "marker", "sha256", "format"} | ({"url"} if renamed else set())
+        triggers = {*BaseImageArgs.keys(Change.REPLACE), *(["url"] if renamed else [])}
         replaces = [k for k in changed if k in triggers] + (["host"] if moved else [])
         return DiffResult(
             changes=bool(changed),
@@ -117,12 +100,13 @@ class BaseImageProvider(KvmProvider):
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        access = self.access(props)
-        log = self.logger(access, props["volume"])
+        args = BaseImageArgs.from_props(props)
+        access = args.host
+        log = self.logger(access, args.volume)
         start = time.monotonic()
         conn = self.connection(props).libvirt()
         pool = lookup_pool(conn, access)
-        cached = self._cached(conn, pool, props, log)
+        cached = self._cached(conn, pool, args, log)
         if cached is not None:
             log.info(
                 "base image cached path=%s size=%s (%d bytes) sha256=%s in %.2f s",
@@ -132,40 +116,41 @@ class BaseImageProvider(KvmProvider):
                 cached.digest,
                 time.monotonic() - start,
             )
-            return CreateResult(id_=props["volume"], outs=outputs(props, cached, cached=True))
+            return CreateResult(id_=args.volume, outs=outputs(args, cached, cached=True))
         made: list[str] = []  # what this create made, so a failure removes exactly that
         try:
-            image = self._fetch(conn, pool, access, props, log, made)
+            image = self._fetch(conn, pool, args, log, made)
         except BaseException as error:
             self._discard_base(props, made, error)
             raise
-        return CreateResult(id_=props["volume"], outs=outputs(props, image, cached=False))
+        return CreateResult(id_=args.volume, outs=outputs(args, image, cached=False))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        access = self.access(props)
+        args = BaseImageArgs.from_props(props)
         conn = self.connection(props).libvirt()
-        pool = lookup_pool(conn, access)
-        base = lookup_volume(pool, props["volume"])
-        marker = lookup_volume(pool, props["marker"]) if base is not None else None
+        pool = lookup_pool(conn, args.host)
+        base = lookup_volume(pool, args.volume)
+        marker = lookup_volume(pool, args.marker) if base is not None else None
         digest = read_marker(conn, marker) if marker is not None else None
-        if base is None or not _trusted(digest, props.get("sha256")):
+        if base is None or not trusted(digest, args.sha256):
             # Gone, or a download that never finished: the next `up` fetches it again.
             return ReadResult(id_="", outs={})
         assert digest is not None
         image = describe(base, digest)
-        return ReadResult(id_=id_, outs=outputs(props, image, cached=bool(props.get("cached"))))
+        return ReadResult(id_=id_, outs=outputs(args, image, cached=bool(props.get("cached"))))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         """Only changes that keep the content reach here (a mirror url with the
         same digest, how to reach the same host): nothing on the host changes."""
         image = Image(path=olds["path"], digest=olds["digest"], size=int(olds["size"]))
-        return UpdateResult(outs=outputs(news, image, cached=bool(olds.get("cached"))))
+        args = BaseImageArgs.from_props(news)
+        return UpdateResult(outs=outputs(args, image, cached=bool(olds.get("cached"))))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        access = self.access(props)
-        volume, marker = props["volume"], props["marker"]
+        args = BaseImageArgs.from_props(props)
+        access, volume, marker = args.host, args.volume, args.marker
         log = self.logger(access, volume)
-        if props.get("keep") is True:
+        if args.keep:
             # The cache outlives the stack: the next create of this content on
             # this host (any stack) skips the download.
             log.info(
@@ -195,39 +180,31 @@ class BaseImageProvider(KvmProvider):
         # which the next create recognises as broken and fetches again.
         for name in (marker, volume):
             if name in volumes:
-                _delete(volumes[name])
+                remove_volume(volumes[name])
         log.info("base image deleted")
 
     # -- create, step by step ---------------------------------------------------------------
 
-    def _cached(self, conn: Any, pool: Any, props: dict[str, Any], log: Log) -> Image | None:
+    def _cached(self, conn: Any, pool: Any, args: BaseImageArgs, log: Log) -> Image | None:
         """The base when it is complete and the one asked for; else removes
         whatever is left of an earlier attempt and returns None."""
-        base = lookup_volume(pool, props["volume"])
-        marker = lookup_volume(pool, props["marker"])
+        base = lookup_volume(pool, args.volume)
+        marker = lookup_volume(pool, args.marker)
         if base is None and marker is None:
             return None
         digest = read_marker(conn, marker) if marker is not None else None
-        expected = props.get("sha256") or None
-        if base is not None and _trusted(digest, expected):
+        expected = args.sha256
+        if base is not None and trusted(digest, expected):
             assert digest is not None
             return describe(base, digest)
-        log.warning("%s: removing it and fetching again", _leftover(base, marker, digest, expected))
+        log.warning("%s: removing it and fetching again", leftover(base, marker, digest, expected))
         for vol in (marker, base):  # marker first, as in delete
             if vol is not None:
-                _delete(vol)
+                remove_volume(vol)
         return None
 
-    def _fetch(
-        self,
-        conn: Any,
-        pool: Any,
-        access: HostAccess,
-        props: dict[str, Any],
-        log: Log,
-        made: list[str],
-    ) -> Image:
-        url, fmt, volume = props["url"], props["format"], props["volume"]
+    def _fetch(self, conn: Any, pool: Any, args: BaseImageArgs, log: Log, made: list[str]) -> Image:
+        access, url, fmt, volume = args.host, args.url, args.format, args.volume
         shown = shown_url(url)
         with download(url) as response:
             length = content_length(response)
@@ -250,7 +227,7 @@ class BaseImageProvider(KvmProvider):
             made.append(volume)
             sent = upload(conn, vol, chain([first], chunks), length or 0)
         digest = hasher.hexdigest()
-        verify(props.get("sha256") or None, digest, sent, length, shown)
+        verify(args.sha256, digest, sent, length, shown)
         path, physical, _capacity = volume_facts(vol)
         # An upload overwrites the file libvirt made but never truncates it:
         # a qcow2 smaller than the header qemu-img wrote would keep its tail.
@@ -262,7 +239,7 @@ class BaseImageProvider(KvmProvider):
                 "in a larger qcow2"
             )
         image = Image(path=path, digest=digest, size=sent)
-        self._write_marker(conn, pool, props["marker"], digest, made)
+        self._write_marker(conn, pool, args.marker, digest, made)
         log.info(
             "base image fetched into host pool path=%s size=%s (%d bytes) in %.1f s "
             "(%.1f MiB/s) sha256=%s",
@@ -288,280 +265,13 @@ class BaseImageProvider(KvmProvider):
         self._discard(props, error, made)
 
 
-# -- inputs -------------------------------------------------------------------------------
-
-
-def input_failures(news: dict[str, Any]) -> list[CheckFailure]:
-    unknown = {k for k, v in news.items() if _is_unknown(v)}  # preview: not known yet
-    props = {k: v for k, v in news.items() if k not in unknown}
-    failures = []
-    url, sha256, fmt = props.get("url"), props.get("sha256") or None, props.get("format")
-    if "url" not in unknown and not _http_url(url):
-        failures.append(
-            CheckFailure("url", f"must be an http or https URL with a host, got {shown_url(url)!r}")
-        )
-    if sha256 is not None and not (isinstance(sha256, str) and SHA256_HEX.fullmatch(sha256)):
-        failures.append(
-            CheckFailure("sha256", f"must be 64 lowercase hex digits (a sha256), got {sha256!r}")
-        )
-    if "format" not in unknown and fmt not in FORMATS:
-        failures.append(CheckFailure("format", f"must be one of {FORMATS}, got {fmt!r}"))
-    if "keep" not in unknown and not isinstance(props.get("keep", False), bool):
-        failures.append(CheckFailure("keep", f"must be true or false, got {props['keep']!r}"))
-    if "host" not in unknown:
-        failures += _host_failures(props.get("host"))
-    if failures or unknown & {"url", "sha256", "format", "volume", "marker"}:
-        return failures
-    assert isinstance(url, str) and isinstance(fmt, str)  # checked above
-    volume = base_volume(url, sha256, fmt)
-    for key, wanted in (("volume", volume), ("marker", base_marker_volume(volume))):
-        if props.get(key) != wanted:
-            failures.append(
-                CheckFailure(
-                    key,
-                    f"must be {wanted!r} (named by content from url, sha256 and format, "
-                    f"see proxyinfra.names), got {props.get(key)!r}",
-                )
-            )
-    return failures
-
-
-def _host_failures(host: Any) -> list[CheckFailure]:
-    try:
-        access = HostAccess.from_props(host)
-    except (TypeError, ValueError, AttributeError) as error:
-        return [CheckFailure("host", f"not a host's access settings: {error}")]
-    missing = [
-        k for k in ("address", "user", "key_file", "socket", "pool") if not getattr(access, k)
-    ]
-    if missing:
-        return [CheckFailure("host", f"missing {', '.join(missing)}")]
-    return []
-
-
-def _http_url(url: Any) -> bool:
-    if not isinstance(url, str):
-        return False
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        return False
-    return parsed.scheme in ("http", "https") and bool(parsed.host)
-
-
-def shown_url(url: Any) -> str:
-    """The URL for logs and errors, without a password it may carry."""
-    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url) if isinstance(url, str) else repr(url)
-
-
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
-
-
-def _access(value: Any) -> HostAccess | None:
-    try:
-        return HostAccess.from_props(value)
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-def _differs(key: str, old: Any, new: Any) -> bool:
-    if _is_unknown(new):
-        return True
-    if key == "host":  # numbers come back from state as floats
-        return _access(old) is None or _access(old) != _access(new)
-    if key == "sha256":
-        return (old or None) != (new or None)
-    return bool(old != new)
-
-
-def _host_moved(old: Any, new: Any) -> bool:
-    before, after = _access(old), _access(new)
-    if before is None or after is None:
-        return True
-    return any(getattr(before, k) != getattr(after, k) for k in HOST_IDENTITY)
-
-
-def outputs(props: dict[str, Any], image: Image, *, cached: bool) -> dict[str, Any]:
-    outs = {k: props.get(k) for k in INPUTS}
-    outs.update(path=image.path, digest=image.digest, size=image.size, cached=cached)
-    return outs
-
-
-# -- the download ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def download(url: str) -> Iterator[httpx.Response]:
-    """The response, headers read and status checked, body not yet."""
-    shown = shown_url(url)
-    # identity: the digest is of the file as published, not of a re-encoding.
-    headers = {"Accept-Encoding": "identity"}
-    with httpx.Client(timeout=TIMEOUT, follow_redirects=True, headers=headers) as client:
-        try:
-            response = client.send(client.build_request("GET", url), stream=True)
-        except httpx.HTTPError as error:
-            raise ImageError(f"could not fetch {shown}: {_reason(error)}") from None
-        try:
-            if response.status_code != httpx.codes.OK:
-                raise ImageError(
-                    f"could not fetch {shown}: HTTP {response.status_code} {response.reason_phrase}"
-                )
-            yield response
-        finally:
-            response.close()
-
-
-def content_length(response: httpx.Response) -> int | None:
-    value = response.headers.get("Content-Length", "")
-    return int(value) if value.isdigit() else None
-
-
-def hashed(
-    response: httpx.Response, hasher: Any, progress: Progress, shown: str
-) -> Iterator[bytes]:
-    """The body in chunks, hashed and counted on the way; a broken transfer
-    becomes an ImageError saying how far it got."""
-    try:
-        for chunk in response.iter_raw(CHUNK):
-            hasher.update(chunk)
-            progress.add(len(chunk))
-            yield chunk
-    except httpx.HTTPError as error:
-        raise ImageError(
-            f"download of {shown} broke off after {progress.done} bytes: {_reason(error)}"
-        ) from None
-
-
-def _reason(error: httpx.HTTPError) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-def initial_capacity(fmt: str, first: bytes, length: int | None, shown: str) -> int:
-    """The capacity to create the volume with. For raw that is the file's size.
-    For qcow2 libvirt writes a fresh header of that virtual size (qemu-img
-    create) which the upload then overwrites with the image's own; taking the
-    image's virtual size from its header keeps libvirt's view right meanwhile."""
-    if fmt == "raw":
-        return length or 0
-    if len(first) < QCOW2_HEADER or not first.startswith(QCOW2_MAGIC):
-        raise ImageError(
-            f"{shown} is not a qcow2 image (it starts with {first[:16]!r}); "
-            "check the url, or set format to what the file is"
-        )
-    (virtual_size,) = struct.unpack_from(">Q", first, 24)
-    return int(virtual_size)
-
-
-def verify(expected: str | None, digest: str, sent: int, length: int | None, shown: str) -> None:
-    if length is not None and sent != length:
-        raise ImageError(f"download of {shown} gave {sent} bytes, Content-Length said {length}")
-    if expected is not None and digest != expected:
-        raise ImageError(
-            f"{shown}: sha256 mismatch: expected {expected}, got {digest} ({sent} bytes); "
-            "nothing was kept on the host"
-        )
-
-
-class Progress:
-    """Info lines during a long download, never per chunk: at most one every
-    PROGRESS_SECONDS, and with a known size only after another
-    PROGRESS_PERCENT, so a slow multi-GiB download logs about ten lines."""
-
-    def __init__(self, log: Log, total: int | None) -> None:
-        self.log = log
-        self.total = total or None
-        self.done = 0
-        self.start = self._last = time.monotonic()
-        self._step = 0
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    @property
-    def rate(self) -> float:
-        """MiB/s so far."""
-        return self.done / MIB / max(self.elapsed, 1e-6)
-
-    def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if now - self._last < PROGRESS_SECONDS or self.done == self.total:
-            return  # too soon, or finished: the final line says it
-        if self.total is None:
-            self._last = now
-            self.log.info("fetching base image: %s at %.1f MiB/s", human(self.done), self.rate)
-            return
-        percent = self.done * 100 // self.total
-        if percent // PROGRESS_PERCENT <= self._step:
-            return
-        self._last, self._step = now, percent // PROGRESS_PERCENT
-        self.log.info(
-            "fetching base image: %s of %s (%d%%) at %.1f MiB/s",
-            human(self.done),
-            human(self.total),
-            percent,
-            self.rate,
-        )
-
-
-# -- volumes ------------------------------------------------------------------------------
-
-
-def read_marker(conn: Any, marker: Any) -> str | None:
-    """The digest a marker holds, or None when it holds anything else."""
-    text = download_small(conn, marker, MARKER_LIMIT).decode("ascii", "replace").strip()
-    return text if SHA256_HEX.fullmatch(text) else None
-
-
-def write_marker(conn: Any, pool: Any, name: str, digest: str, made: list[str]) -> None:
-    data = digest.encode("ascii")
-    vol = pool.createXML(volume_xml(name, len(data), "raw"), 0)
-    made.append(name)
-    upload(conn, vol, [data], len(data))
-
-
-def _trusted(digest: str | None, expected: str | None) -> bool:
-    return digest is not None and (not expected or digest == expected)
-
-
-def _leftover(base: Any, marker: Any, digest: str | None, expected: str | None) -> str:
-    """Why an existing base or marker cannot be used."""
-    if base is None:
-        return "a marker without its base volume (an interrupted delete)"
-    if marker is None:
-        return "a base volume without marker (an interrupted download)"
-    if digest is None:
-        return "a marker that holds no sha256"
-    return f"the marker says sha256 {digest}, the configured sha256 is {expected}"
-
-
-def describe(vol: Any, digest: str) -> Image:
-    """A base as the outputs describe it, from one XMLDesc."""
-    path, physical, capacity = volume_facts(vol)
-    # Without <physical> (libvirt before 3.0) the capacity is the nearest
-    # figure: right for raw, the virtual size for qcow2.
-    return Image(path=path, digest=digest, size=physical if physical is not None else capacity)
-
-
-def volume_facts(vol: Any) -> tuple[str, int | None, int]:
-    """Path, file size (<physical>, None when libvirt does not say) and
-    capacity. libvirt re-reads the file to answer, so these are current."""
-    xml = vol.XMLDesc(0)
-    info = parse_volume_xml(xml)
-    element = ET.fromstring(xml).find("physical")
-    text = (element.text or "").strip() if element is not None else ""
-    return info.path, int(text) if text.isdigit() else None, info.capacity
-
-
-def _delete(vol: Any) -> None:
-    """Delete, tolerating that someone else just did."""
-    try:
-        vol.delete(0)
-    except libvirt.libvirtError as error:
-        if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
-            raise
+def outputs(args: BaseImageArgs, image: Image, *, cached: bool) -> dict[str, Any]:
+    return args.to_props() | {
+        "path": image.path,
+        "digest": image.digest,
+        "size": image.size,
+        "cached": cached,
+    }
 
 
 # -- the resource -----------------------------------------------------------------------------
@@ -583,30 +293,13 @@ class BaseImage(pulumi.dynamic.Resource):
     def __init__(
         self,
         resource_name: str,
-        *,
-        host: HostAccess,
-        url: str,
-        sha256: str | None,
-        format: str,
-        keep: bool,
+        args: BaseImageArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         # No defaults here: the config's (providers/kvm/config.py) are the only ones.
-        volume = base_volume(url, sha256, format)
-        props = {
-            "host": host.to_props(),
-            "url": url,
-            "sha256": sha256,
-            "format": format,
-            "volume": volume,
-            "marker": base_marker_volume(volume),
-            "keep": keep,
-            "path": None,
-            "digest": None,
-            "size": None,
-            "cached": None,
-        }
+        outs = {"path": None, "digest": None, "size": None, "cached": None}
+        props = args.to_props() | outs
         super().__init__(BaseImageProvider(), resource_name, props, opts)
 
 
-__all__ = ["BaseImage", "BaseImageProvider", "Image", "input_failures"]
+__all__ = ["BaseImage", "BaseImageArgs", "BaseImageProvider", "Image", "input_failures"]

@@ -13,7 +13,8 @@ import gc
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import libvirt
 import paramiko
@@ -163,6 +164,35 @@ def connect(access: HostAccess) -> HostConnection:
         return connection
 
 
+class LibvirtSource(Protocol):
+    """What a resource needs of a host: its live libvirt connection."""
+
+    def libvirt(self) -> Any: ...
+
+
+Connector = Callable[[HostAccess], LibvirtSource]
+_connector: Connector | None = None
+
+
+def source(access: HostAccess) -> LibvirtSource:
+    """Where the kvm resources get a host's libvirt connection: the pooled SSH
+    connection, unless a test put another connector in place."""
+    return (_connector or connect)(access)
+
+
+@contextlib.contextmanager
+def use_connector(connector: Connector) -> Iterator[None]:
+    """Within the block, every resource in this process reaches its hosts
+    through ``connector`` (the one seam: fast tests hand libvirt's in-memory
+    test driver here instead of SSH)."""
+    global _connector
+    before, _connector = _connector, connector
+    try:
+        yield
+    finally:
+        _connector = before
+
+
 def close_all() -> None:
     with _pool_lock:
         connections = {*_pool.values(), *_open}
@@ -173,4 +203,13 @@ def close_all() -> None:
 
 atexit.register(close_all)
 
-__all__ = ["HostConnection", "Traced", "close_all", "connect"]
+__all__ = [
+    "Connector",
+    "HostConnection",
+    "LibvirtSource",
+    "Traced",
+    "close_all",
+    "connect",
+    "source",
+    "use_connector",
+]

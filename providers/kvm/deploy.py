@@ -10,11 +10,11 @@ from pathlib import Path
 import pulumi
 
 from providers.kvm.access import HostAccess
-from providers.kvm.baseimage import BaseImage
+from providers.kvm.baseimage import BaseImage, BaseImageArgs
 from providers.kvm.config import KvmHost, KvmImage, KvmProviderEntry
-from providers.kvm.domain import ProxyDomain
-from providers.kvm.overlay import Overlay
-from providers.kvm.seediso import SeedIso
+from providers.kvm.domain import DomainArgs, ProxyDomain
+from providers.kvm.overlay import Overlay, OverlayArgs
+from providers.kvm.seediso import SeedArgs, SeedIso
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.cloudinit import render_meta_data, render_user_data
 from proxyinfra.names import overlay_volume, seed_volume
@@ -46,11 +46,9 @@ class KvmDeployer:
             digest = hashlib.sha256(f"{image.url}\0{image.sha256}".encode()).hexdigest()[:10]
             self._bases[key] = BaseImage(
                 f"{provider.name}-{host.name}-image-{digest}",
-                host=access,
-                url=image.url,
-                sha256=image.sha256,
-                format=image.format,
-                keep=image.keep_on_destroy,
+                BaseImageArgs.of(
+                    access, image.url, image.sha256, image.format, image.keep_on_destroy
+                ),
             )
         return self._bases[key]
 
@@ -68,12 +66,14 @@ class KvmDeployer:
 
         overlay = Overlay(
             f"{replica.name}-overlay",
-            host=access,
-            name=overlay_volume(request.id),
-            base_path=base.path,
-            base_format=image.format,
-            size_gb=provider.kvm.disk_size_gb,
-            opts=child,
+            OverlayArgs(
+                host=access,
+                name=overlay_volume(request.id),
+                base_path=base.path,
+                base_format=image.format,
+                size_gb=provider.kvm.disk_size_gb,
+            ),
+            child,
         )
         user_data = self._user_data(request)
         # A new instance-id with new user-data, so cloud-init runs it again.
@@ -82,35 +82,35 @@ class KvmDeployer:
         )
         seed = SeedIso(
             f"{replica.name}-seed",
-            host=access,
-            name=seed_volume(request.id),
-            user_data=user_data,
-            meta_data=instance_id.apply(lambda iid: render_meta_data(iid, request.id)),
-            vendor_data=provider.kvm.vendor_data,
-            opts=child,
+            SeedArgs(
+                host=access,
+                name=seed_volume(request.id),
+                user_data=user_data,
+                meta_data=instance_id.apply(lambda iid: render_meta_data(iid, request.id)),
+                vendor_data=provider.kvm.vendor_data,
+            ),
+            child,
         )
         domain = ProxyDomain(
             f"{replica.name}-domain",
-            {
-                "host": access.to_props(),
-                "name": request.id,
-                "project": request.project,
-                "stack": request.stack,
-                "logicalName": replica.name,
-                "memoryMib": machine.memory_mib,
-                "vcpus": machine.vcpus,
-                "domainType": host.domain_type,
-                "cpuMode": host.cpu_mode,
-                "firmware": image.firmware,
-                "diskPath": overlay.path,
-                "seedPath": seed.path,
-                "network": host.network,
-                "bridge": host.bridge,
-                "baseVolume": base.volume,
-                "seedSha256": seed.sha256,
-                "ipTimeoutSeconds": provider.kvm.ip_timeout_seconds,
-                "shutdownTimeoutSeconds": SHUTDOWN_TIMEOUT_SECONDS,
-            },
+            DomainArgs(
+                host=access,
+                name=request.id,
+                project=request.project,
+                stack=request.stack,
+                logical_name=replica.name,
+                memory_mib=machine.memory_mib,
+                vcpus=machine.vcpus,
+                domain_type=host.domain_type,
+                cpu_mode=host.cpu_mode,
+                firmware=image.firmware,
+                disk_path=overlay.path,
+                seed_path=seed.path,
+                base_volume=base.volume,
+                seed_sha256=seed.sha256,
+                ip_timeout_seconds=provider.kvm.ip_timeout_seconds,
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_SECONDS,
+            ),
             child,
         )
         return Endpoint.of(request, domain.ip, host.name)

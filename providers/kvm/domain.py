@@ -12,8 +12,9 @@ import contextlib
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic
 
 import libvirt
 import pulumi
@@ -27,28 +28,22 @@ from pulumi.dynamic import (
 )
 
 from providers.kvm.access import HostAccess
-from providers.kvm.domainxml import NS_URI, DomainSpec, ProxyMetadata, build_domain_xml
+from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.domainxml import (
+    NS_URI,
+    DomainInfo,
+    DomainSpec,
+    DomainType,
+    Firmware,
+    ProxyMetadata,
+    build_domain_xml,
+    format_rfc3339,
+    parse_domain,
+)
 from providers.kvm.errors import CapacityError, KvmError
 from providers.kvm.resource import KvmProvider
-from providers.kvm.rules import DEFAULT_CPU_MODE, DEFAULT_DOMAIN_TYPE, DEFAULT_FIRMWARE
 from providers.kvm.trace import state_name
 from providers.kvm.volumes import human
-
-# Inputs whose change needs a new VM; the names are fixed, so delete first.
-REPLACE_KEYS = (
-    "host",
-    "name",
-    "memoryMib",
-    "vcpus",
-    "domainType",
-    "cpuMode",
-    "firmware",
-    "diskPath",
-    "seedPath",
-    "baseVolume",  # a new image: the overlay below was replaced
-    "seedSha256",  # new user-data: cloud-init must see a new seed
-)
-UPDATE_KEYS = ("logicalName", "ipTimeoutSeconds", "shutdownTimeoutSeconds")
 
 UNDEFINE_FLAGS = (
     libvirt.VIR_DOMAIN_UNDEFINE_NVRAM
@@ -59,6 +54,7 @@ AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
 ARP = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP
 POLL_START, POLL_MAX = 1.0, 4.0
 MIB = 1024 * 1024
+REPLACE, UPDATE = Change.REPLACE, Change.UPDATE
 
 
 def mac_for(proxy_id: str) -> str:
@@ -68,45 +64,71 @@ def mac_for(proxy_id: str) -> str:
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 
 
-def _spec(props: dict[str, Any], created: datetime) -> DomainSpec:
-    network = props.get("network") or None
-    bridge = props.get("bridge") or None
+@dataclass(frozen=True)
+class DomainArgs(ResourceArgs, Generic[Made]):
+    """ProxyDomain's inputs. The names are fixed, so a replacement deletes first."""
+
+    host: HostAccess = arg("host", REPLACE, HostAccess)
+    name: str = arg("name", REPLACE, str)
+    project: str = arg("project", UPDATE, str)  # metadata
+    stack: str = arg("stack", UPDATE, str)  # metadata
+    logical_name: str = arg("logicalName", UPDATE, str)  # metadata
+    memory_mib: int = arg("memoryMib", REPLACE, int)
+    vcpus: int = arg("vcpus", REPLACE, int)
+    domain_type: DomainType = arg("domainType", REPLACE, str)
+    cpu_mode: str = arg("cpuMode", REPLACE, str)
+    firmware: Firmware = arg("firmware", REPLACE, str)
+    disk_path: Made = arg("diskPath", REPLACE, str)
+    seed_path: Made = arg("seedPath", REPLACE, str)
+    base_volume: Made = arg("baseVolume", REPLACE, str)  # a new image: the overlay was replaced
+    seed_sha256: Made = arg("seedSha256", REPLACE, str)  # new user-data: a new seed to boot from
+    ip_timeout_seconds: int = arg("ipTimeoutSeconds", UPDATE, int)
+    shutdown_timeout_seconds: int = arg("shutdownTimeoutSeconds", UPDATE, int)
+
+
+METADATA_KEYS = ("project", "stack", "logicalName")
+
+
+def _spec(args: DomainArgs[str], created: datetime) -> DomainSpec:
     return DomainSpec(
-        name=props["name"],
-        memory_mib=int(props["memoryMib"]),
-        vcpus=int(props["vcpus"]),
-        domain_type=props.get("domainType", DEFAULT_DOMAIN_TYPE),
-        cpu_mode=props.get("cpuMode", DEFAULT_CPU_MODE),
-        firmware=props.get("firmware", DEFAULT_FIRMWARE),
-        disk_path=props["diskPath"],
-        seed_path=props["seedPath"],
-        network=network,
-        bridge=bridge,
-        mac=mac_for(props["name"]),
-        serial_log=props.get("serialLog") or None,
+        name=args.name,
+        memory_mib=args.memory_mib,
+        vcpus=args.vcpus,
+        domain_type=args.domain_type,
+        cpu_mode=args.cpu_mode,
+        firmware=args.firmware,
+        disk_path=args.disk_path,
+        seed_path=args.seed_path,
+        network=args.host.network,
+        bridge=args.host.bridge,
+        mac=mac_for(args.name),
         metadata=ProxyMetadata(
-            project=props["project"],
-            stack=props["stack"],
-            name=props["logicalName"],
-            created=created,
+            project=args.project, stack=args.stack, name=args.logical_name, created=created
         ),
     )
 
 
+def _domain_args(props: dict[str, Any]) -> DomainArgs[str]:
+    return DomainArgs.from_props(props)
+
+
 class ProxyDomainProvider(KvmProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = []
         if any(isinstance(v, pulumi.output.Unknown) for v in news.values()):
             return CheckResult(news, [])  # preview: paths come from resources not made yet
         try:
-            _spec(news, datetime.now(UTC))
+            _spec(_domain_args(news), datetime.now(UTC))
         except (ValueError, KeyError, TypeError) as error:
-            failures.append(CheckFailure("name", f"invalid domain: {error}"))
-        return CheckResult(news, failures)
+            return CheckResult(news, [CheckFailure("name", f"invalid domain: {error}")])
+        return CheckResult(news, [])
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
-        updates = [k for k in UPDATE_KEYS if olds.get(k) != news.get(k)]
+        replaces = DomainArgs.changed(olds, news, REPLACE)
+        updates = DomainArgs.changed(olds, news, UPDATE)
+        # Read back by refresh: a domain given another MAC out of band.
+        name = news.get("name")
+        if olds.get("mac") and isinstance(name, str) and olds["mac"] != mac_for(name):
+            replaces.append("mac")
         # A refresh that found the domain stopped out of band: the declared
         # state is running, so the next up starts it (an update, in place).
         if olds.get("state", "running") != "running":
@@ -118,40 +140,42 @@ class ProxyDomainProvider(KvmProvider):
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        access = self.access(props)
-        log = self.logger(access, props["name"])
+        args = _domain_args(props)
+        access = args.host
+        log = self.logger(access, args.name)
         conn = self.connection(props).libvirt()
-        memory = int(props["memoryMib"]) * MIB
+        memory = args.memory_mib * MIB
         free = conn.getFreeMemory()
         if memory > free:
             raise CapacityError(
                 access.where,
-                f"{human(free)} of memory free, domain {props['name']} needs {human(memory)}",
+                f"{human(free)} of memory free, domain {args.name} needs {human(memory)}",
                 "stop other VMs, pick a smaller machineType or another host",
             )
         created = datetime.now(UTC).replace(microsecond=0)
-        xml = build_domain_xml(_spec(props, created))
+        xml = build_domain_xml(_spec(args, created))
         dom = conn.defineXML(xml)
         try:
             dom.create()
-            ip = self._started_address(conn, dom, access, props, log)
+            ip = self._started_address(conn, dom, args, log)
         except BaseException:
             self._remove(dom, 0.0)
             raise
         outs = {
             **props,
             "ip": ip,
-            "mac": mac_for(props["name"]),
+            "mac": mac_for(args.name),
             "state": "running",
-            "created": created.isoformat().replace("+00:00", "Z"),
+            "created": format_rfc3339(created),
         }
-        return CreateResult(id_=props["name"], outs=outs)
+        return CreateResult(id_=args.name, outs=outs)
 
-    def _wait_for_ip(self, conn: Any, dom: Any, access: HostAccess, props: dict[str, Any]) -> str:
+    def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> str:
         """Agent first (knows the guest's own view), then the network's DHCP
         lease, then ARP (bridges only: the host's neighbour table)."""
-        timeout = float(props["ipTimeoutSeconds"])
-        mac = mac_for(props["name"])
+        access = args.host
+        timeout = float(args.ip_timeout_seconds)
+        mac = mac_for(args.name)
         net = conn.networkLookupByName(access.network) if access.network else None
         deadline = time.monotonic() + timeout
         interval = POLL_START
@@ -166,18 +190,22 @@ class ProxyDomainProvider(KvmProvider):
                     f"network {access.network!r}" if access.network else f"bridge {access.bridge!r}"
                 )
                 raise KvmError(
-                    f"{access.where}: domain {props['name']} (MAC {mac}) got no IP address within "
+                    f"{access.where}: domain {args.name} (MAC {mac}) got no IP address within "
                     f"{timeout:.0f}s on {source}; check DHCP there and the guest's boot "
-                    f"(virsh console {props['name']}); raise ipTimeoutSeconds for slow hosts"
+                    f"(virsh console {args.name}); raise ipTimeoutSeconds for slow hosts"
                 )
             time.sleep(interval)
             interval = min(interval * 1.5, POLL_MAX)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        access = self.access(props)
+        """The domain as it is on the host: its state and address, and its
+        definition read back, so memory, vCPUs, disks, NIC or metadata changed
+        out of band show as changed inputs (refresh) that the next up repairs."""
+        args = _domain_args(props)
+        access = args.host
         conn = self.connection(props).libvirt()
         try:
-            dom = conn.lookupByName(props["name"])
+            dom = conn.lookupByName(args.name)
         except libvirt.libvirtError as error:
             if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 return ReadResult(id_="", outs={})
@@ -186,15 +214,19 @@ class ProxyDomainProvider(KvmProvider):
         ip = props.get("ip")
         if state == "running" and access.network:
             net = conn.networkLookupByName(access.network)
-            ip = _address_from_lease(net, mac_for(props["name"])) or ip
-        return ReadResult(id_=id_, outs={**props, "state": state, "ip": ip})
+            ip = _address_from_lease(net, mac_for(args.name)) or ip
+        # The persistent definition: what the domain is, and boots as next.
+        info = parse_domain(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        outs = {**props, **read_back(info, props), "state": state, "ip": ip}
+        return ReadResult(id_=id_, outs=outs)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        if olds.get("logicalName") != news.get("logicalName"):
+        args = _domain_args(news)
+        if any(olds.get(k) != news.get(k) for k in METADATA_KEYS):
             conn = self.connection(news).libvirt()
-            dom = conn.lookupByName(news["name"])
-            created = datetime.fromisoformat(str(olds["created"]).replace("Z", "+00:00"))
-            meta = _spec(news, created).metadata
+            dom = conn.lookupByName(args.name)
+            created = datetime.fromisoformat(str(olds["created"]))
+            meta = _spec(args, created).metadata
             dom.setMetadata(
                 libvirt.VIR_DOMAIN_METADATA_ELEMENT,
                 meta.to_set_metadata_xml(),
@@ -205,46 +237,43 @@ class ProxyDomainProvider(KvmProvider):
             )
         kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
         if olds.get("state", "running") != "running":
-            kept |= self._start_again(news)
+            kept |= self._start_again(args, news)
         return UpdateResult(outs={**news, **kept})
 
-    def _start_again(self, props: dict[str, Any]) -> dict[str, Any]:
+    def _start_again(self, args: DomainArgs[str], props: dict[str, Any]) -> dict[str, Any]:
         """Start a domain that was stopped out of band; wait for its address."""
-        access = self.access(props)
-        log = self.logger(access, props["name"])
+        log = self.logger(args.host, args.name)
         conn = self.connection(props).libvirt()
-        dom = conn.lookupByName(props["name"])
+        dom = conn.lookupByName(args.name)
         if not dom.isActive():
             log.info("domain was stopped out of band; starting it again")
             dom.create()
-        return {"ip": self._started_address(conn, dom, access, props, log), "state": "running"}
+        return {"ip": self._started_address(conn, dom, args, log), "state": "running"}
 
     def _started_address(
         self,
         conn: Any,
         dom: Any,
-        access: HostAccess,
-        props: dict[str, Any],
+        args: DomainArgs[str],
         log: logging.LoggerAdapter[logging.Logger],
     ) -> str:
         """The address of a domain just started, logged with how long it took."""
-        log.info(
-            "domain started; waiting up to %ss for its address", int(props["ipTimeoutSeconds"])
-        )
+        log.info("domain started; waiting up to %ss for its address", args.ip_timeout_seconds)
         started = time.monotonic()
-        ip = self._wait_for_ip(conn, dom, access, props)
+        ip = self._wait_for_ip(conn, dom, args)
         log.info("domain has address %s after %.1fs", ip, time.monotonic() - started)
         return ip
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        args = _domain_args(props)
         conn = self.connection(props).libvirt()
         try:
-            dom = conn.lookupByName(props["name"])
+            dom = conn.lookupByName(args.name)
         except libvirt.libvirtError as error:
             if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 return  # already gone: nothing to do
             raise
-        self._remove(dom, float(props.get("shutdownTimeoutSeconds", 60)))
+        self._remove(dom, float(args.shutdown_timeout_seconds))
 
     @staticmethod
     def _remove(dom: Any, shutdown_timeout: float) -> None:
@@ -260,6 +289,38 @@ class ProxyDomainProvider(KvmProvider):
                 with contextlib.suppress(libvirt.libvirtError):
                     dom.destroy()
         dom.undefineFlags(UNDEFINE_FLAGS)
+
+
+def read_back(info: DomainInfo, props: dict[str, Any]) -> dict[str, Any]:
+    """The inputs as the domain's definition has them, for the keys it shows.
+    Equal values come back unchanged (so a refresh of an untouched domain
+    changes nothing); a missing metadata element reads as None."""
+    found: dict[str, Any] = {
+        "memoryMib": info.memory_mib,
+        "vcpus": info.vcpus,
+        "domainType": info.domain_type,
+        "cpuMode": info.cpu_mode,
+        "firmware": info.firmware,
+        "diskPath": info.disk_path,
+        "seedPath": info.seed_path,
+        "mac": info.mac,
+    }
+    meta = info.metadata
+    found |= {
+        "project": meta.project if meta else None,
+        "stack": meta.stack if meta else None,
+        "logicalName": meta.name if meta else None,
+    }
+    host = props.get("host")
+    if isinstance(host, dict):  # the NIC: which network or bridge it is plugged into
+        found["host"] = {**host, "network": info.network, "bridge": info.bridge}
+    return {k: v for k, v in found.items() if not _same_value(props.get(k), v)}
+
+
+def _same_value(old: Any, new: Any) -> bool:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {k: v or None for k, v in old.items()} == {k: v or None for k, v in new.items()}
+    return bool(old == new)
 
 
 def _first_ipv4(interfaces: dict[str, Any], mac: str) -> str | None:
@@ -309,12 +370,15 @@ class ProxyDomain(pulumi.dynamic.Resource):
     state: pulumi.Output[str]
 
     def __init__(
-        self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        args: DomainArgs[pulumi.Input[str]],
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         outputs: dict[str, Any] = {"ip": None, "mac": None, "state": None, "created": None}
         super().__init__(
             ProxyDomainProvider(),
             name,
-            {**props, **outputs},
+            {**args.to_props(), **outputs},
             pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
         )

@@ -17,7 +17,8 @@ backed by the same base in the same format, else create fails naming it.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic
 
 import libvirt
 import pulumi
@@ -31,6 +32,7 @@ from pulumi.dynamic import (
 )
 
 from providers.kvm.access import HostAccess
+from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.errors import HostError, HostResourceMissing
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
@@ -45,9 +47,23 @@ from providers.kvm.volumes import (
 )
 
 FORMATS = ("qcow2", "raw")
-# A change of any of these needs a new volume; its name is fixed, so delete first.
-REPLACE_KEYS = ("host", "name", "basePath", "baseFormat")
 MAX_SIZE_GB = 65536  # the config's own bound on diskSizeGb
+
+
+@dataclass(frozen=True)
+class OverlayArgs(ResourceArgs, Generic[Made]):
+    """Overlay's inputs. The name is fixed, so a replacement deletes first."""
+
+    host: HostAccess = arg("host", Change.REPLACE, HostAccess)
+    name: str = arg("name", Change.REPLACE, str)
+    base_path: Made = arg("basePath", Change.REPLACE, str)
+    base_format: str = arg("baseFormat", Change.REPLACE, str)
+    # Grows in place; a smaller size replaces (see diff).
+    size_gb: int = arg("sizeGb", Change.UPDATE, int)
+
+
+def _args(props: dict[str, Any]) -> OverlayArgs[str]:
+    return OverlayArgs.from_props(props)
 
 
 def size_bytes(size_gb: Any) -> int:
@@ -81,7 +97,7 @@ class OverlayProvider(KvmProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
+        replaces = OverlayArgs.changed(olds, news, Change.REPLACE)
         resized, shrinks = _size_change(olds, news.get("sizeGb"))
         if shrinks:
             replaces.append("sizeGb")
@@ -92,15 +108,15 @@ class OverlayProvider(KvmProvider):
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        access = self.access(props)
-        name = props["name"]
+        args = _args(props)
+        access, name = args.host, args.name
         log = self.logger(access, name)
         conn = self.connection(props).libvirt()
         pool = lookup_pool(conn, access)
-        capacity = size_bytes(props["sizeGb"])
+        capacity = args.size_gb * GIB
         existing = lookup_volume(pool, name)
         if existing is not None:
-            info = self._adopt(existing, props, capacity, access)
+            info = self._adopt(existing, args, capacity)
             log.warning(
                 "adopted existing overlay %s (backed by %s, %s)",
                 info.path,
@@ -108,9 +124,9 @@ class OverlayProvider(KvmProvider):
                 human(info.capacity),
             )
             return CreateResult(id_=name, outs=self._outputs(props, info))
-        self._check_base(conn, props, capacity, access)
+        self._check_base(conn, args, capacity)
         vol = pool.createXML(
-            volume_xml(name, capacity, "qcow2", (props["basePath"], props["baseFormat"])), 0
+            volume_xml(name, capacity, "qcow2", (args.base_path, args.base_format)), 0
         )
         try:
             info = self._describe(vol)
@@ -127,17 +143,17 @@ class OverlayProvider(KvmProvider):
         return CreateResult(id_=name, outs=self._outputs(props, info))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        access = self.access(props)
+        args = _args(props)
         conn = self.connection(props).libvirt()
-        vol = lookup_volume(lookup_pool(conn, access), props["name"])
+        vol = lookup_volume(lookup_pool(conn, args.host), args.name)
         if vol is None:
             return ReadResult(id_="", outs={})
         return ReadResult(id_=id_, outs=self._outputs(props, self._describe(vol)))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         """Only growth reaches here (diff replaces on everything else)."""
-        access = self.access(news)
-        name = news["name"]
+        args = _args(news)
+        access, name = args.host, args.name
         conn = self.connection(news).libvirt()
         vol = lookup_volume(lookup_pool(conn, access), name)
         if vol is None:
@@ -146,7 +162,7 @@ class OverlayProvider(KvmProvider):
                 f"overlay {name!r} is missing from pool {access.pool!r}",
                 "run `pulumi refresh` so it is created again",
             )
-        capacity = size_bytes(news["sizeGb"])
+        capacity = args.size_gb * GIB
         info = self._describe(vol)
         if capacity > info.capacity:  # never shrink: libvirt refuses, and data would be cut
             vol.resize(capacity, 0)
@@ -155,10 +171,10 @@ class OverlayProvider(KvmProvider):
         return UpdateResult(outs=self._outputs(news, info))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        access = self.access(props)
+        args = _args(props)
         conn = self.connection(props).libvirt()
-        if delete_volume(lookup_pool(conn, access), props["name"]):
-            self.logger(access, props["name"]).info("overlay deleted")
+        if delete_volume(lookup_pool(conn, args.host), args.name):
+            self.logger(args.host, args.name).info("overlay deleted")
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -179,11 +195,11 @@ class OverlayProvider(KvmProvider):
         }
 
     @staticmethod
-    def _check_base(conn: Any, props: dict[str, Any], capacity: int, access: HostAccess) -> None:
+    def _check_base(conn: Any, args: OverlayArgs[str], capacity: int) -> None:
         """Refuse before creating: a missing base, a format that is not the
         base's own (a raw file read as qcow2 is a guest escape), or a base
         larger than the overlay."""
-        base_path, base_format = props["basePath"], props["baseFormat"]
+        access, base_path, base_format = args.host, args.base_path, args.base_format
         try:
             base = conn.storageVolLookupByPath(base_path)
         except libvirt.libvirtError as error:
@@ -204,30 +220,29 @@ class OverlayProvider(KvmProvider):
         if info.capacity > capacity:
             raise HostError(
                 access.where,
-                f"overlay {props['name']!r} of {human(capacity)} would be smaller than its base "
+                f"overlay {args.name!r} of {human(capacity)} would be smaller than its base "
                 f"image {base_path} ({human(info.capacity)} virtual)",
                 f"set diskSizeGb to at least {-(-info.capacity // GIB)}",
             )
 
     @staticmethod
-    def _adopt(
-        existing: Any, props: dict[str, Any], capacity: int, access: HostAccess
-    ) -> VolumeInfo:
+    def _adopt(existing: Any, args: OverlayArgs[str], capacity: int) -> VolumeInfo:
+        access, name = args.host, args.name
         info = parse_volume_xml(existing.XMLDesc(0))
-        wanted = (props["basePath"], props["baseFormat"])
+        wanted = (args.base_path, args.base_format)
         if info.format != "qcow2" or (info.backing_path, info.backing_format) != wanted:
             raise HostError(
                 access.where,
-                f"volume {props['name']!r} already exists in pool {access.pool!r} as "
+                f"volume {name!r} already exists in pool {access.pool!r} as "
                 f"{info.format} backed by {info.backing_path or 'nothing'} "
                 f"({info.backing_format or '-'}), not by {wanted[0]} ({wanted[1]})",
                 "it is not this proxy's overlay on this image; if its data is not needed, "
-                f"delete it (virsh vol-delete --pool {access.pool} {props['name']}) and run again",
+                f"delete it (virsh vol-delete --pool {access.pool} {name}) and run again",
             )
         if info.capacity > capacity:
             raise HostError(
                 access.where,
-                f"volume {props['name']!r} already exists with {human(info.capacity)}, "
+                f"volume {name!r} already exists with {human(info.capacity)}, "
                 f"more than the {human(capacity)} asked for",
                 f"set diskSizeGb to {info.capacity // GIB} to keep it, or delete it and run again",
             )
@@ -271,27 +286,14 @@ class Overlay(pulumi.dynamic.Resource):
     def __init__(
         self,
         resource_name: str,
-        *,
-        host: HostAccess,
-        name: pulumi.Input[str],
-        base_path: pulumi.Input[str],
-        base_format: pulumi.Input[str],
-        size_gb: pulumi.Input[int],
+        args: OverlayArgs[pulumi.Input[str]],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        props = {
-            "host": host.to_props(),
-            "name": name,
-            "basePath": base_path,
-            "baseFormat": base_format,
-            "sizeGb": size_gb,
-            "path": None,
-            "capacity": None,
-        }
+        props = {**args.to_props(), "path": None, "capacity": None}
         fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
         super().__init__(
             OverlayProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, fixed_name)
         )
 
 
-__all__ = ["Overlay", "OverlayProvider"]
+__all__ = ["Overlay", "OverlayArgs", "OverlayProvider"]

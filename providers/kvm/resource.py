@@ -13,7 +13,7 @@ from typing import Any
 from pulumi.dynamic import ResourceProvider
 
 from providers.kvm.access import HostAccess
-from providers.kvm.connection import HostConnection, connect
+from providers.kvm.connection import LibvirtSource, source
 from proxyinfra import logs
 
 log = logging.getLogger("kvm")
@@ -26,9 +26,9 @@ class KvmProvider(ResourceProvider):
     def access(props: dict[str, Any]) -> HostAccess:
         return HostAccess.from_props(props["host"])
 
-    def connection(self, props: dict[str, Any]) -> HostConnection:
+    def connection(self, props: dict[str, Any]) -> LibvirtSource:
         logs.configure()  # first call in the provider process sets levels from the env
-        return connect(self.access(props))
+        return source(self.access(props))
 
     def _discard(
         self, props: dict[str, Any], error: BaseException, names: list[str] | None = None

@@ -22,12 +22,14 @@ overlay's, so nothing is lost.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult
 
 from providers.kvm.access import HostAccess
+from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.resource import KvmProvider
 from providers.kvm.volumes import (
@@ -44,7 +46,6 @@ from providers.kvm.volumes import (
 REQUIRED_DOCUMENTS = ("userData", "metaData")
 OPTIONAL_DOCUMENTS = ("vendorData", "networkConfig")
 DOCUMENTS = REQUIRED_DOCUMENTS + OPTIONAL_DOCUMENTS
-REPLACE_KEYS = ("host", "name", *DOCUMENTS)
 SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256"]
 
 
@@ -65,13 +66,28 @@ def _document_failure(key: str, value: Any) -> CheckFailure | None:
     return None
 
 
-def build_seed(props: dict[str, Any]) -> bytes:
-    return build_nocloud_iso(
-        props["userData"],
-        props["metaData"],
-        props.get("vendorData"),
-        props.get("networkConfig"),
+@dataclass(frozen=True)
+class SeedArgs(ResourceArgs, Generic[Made]):
+    """SeedIso's inputs: any change replaces the seed (the name is fixed, so
+    the old one is deleted first)."""
+
+    host: HostAccess = arg("host", Change.REPLACE, HostAccess)
+    name: str = arg("name", Change.REPLACE, str)
+    user_data: Made = arg("userData", Change.REPLACE, str)
+    meta_data: Made = arg("metaData", Change.REPLACE, str)
+    vendor_data: str | None = arg("vendorData", Change.REPLACE, str, optional=True, default=None)
+    network_config: str | None = arg(
+        "networkConfig", Change.REPLACE, str, optional=True, default=None
     )
+
+
+def _args(props: dict[str, Any]) -> SeedArgs[str]:
+    return SeedArgs.from_props(props)
+
+
+def build_seed(props: dict[str, Any]) -> bytes:
+    args = _args(props)
+    return build_nocloud_iso(args.user_data, args.meta_data, args.vendor_data, args.network_config)
 
 
 class SeedIsoProvider(KvmProvider):
@@ -83,12 +99,12 @@ class SeedIsoProvider(KvmProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [k for k in REPLACE_KEYS if olds.get(k) != news.get(k)]
+        replaces = SeedArgs.changed(olds, news, Change.REPLACE)
         return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=True)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        access = self.access(props)
-        name = props["name"]
+        args = _args(props)
+        access, name = args.host, args.name
         log = self.logger(access, name)
         image = build_seed(props)
         conn = self.connection(props).libvirt()
@@ -115,9 +131,9 @@ class SeedIsoProvider(KvmProvider):
         return CreateResult(id_=name, outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        access = self.access(props)
+        args = _args(props)
         conn = self.connection(props).libvirt()
-        vol = lookup_volume(lookup_pool(conn, access), props["name"])
+        vol = lookup_volume(lookup_pool(conn, args.host), args.name)
         if vol is None:
             return ReadResult(id_="", outs={})
         info = parse_volume_xml(vol.XMLDesc(0))
@@ -125,10 +141,10 @@ class SeedIsoProvider(KvmProvider):
         return ReadResult(id_=id_, outs={**props, "path": info.path, "size": info.capacity})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        access = self.access(props)
+        args = _args(props)
         conn = self.connection(props).libvirt()
-        if delete_volume(lookup_pool(conn, access), props["name"]):
-            self.logger(access, props["name"]).info("seed deleted")
+        if delete_volume(lookup_pool(conn, args.host), args.name):
+            self.logger(args.host, args.name).info("seed deleted")
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -154,23 +170,14 @@ class SeedIso(pulumi.dynamic.Resource):
     def __init__(
         self,
         resource_name: str,
-        *,
-        host: HostAccess,
-        name: pulumi.Input[str],
-        user_data: pulumi.Input[str],
-        meta_data: pulumi.Input[str],
-        vendor_data: pulumi.Input[str] | None = None,
-        network_config: pulumi.Input[str] | None = None,
+        args: SeedArgs[pulumi.Input[str]],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        props = {
-            "host": host.to_props(),
-            "name": name,
+        props = args.to_props() | {
             # Secret as inputs too, whatever the caller passed: inputs are kept in state.
-            "userData": pulumi.Output.secret(user_data),
-            "metaData": meta_data,
-            "vendorData": _secret(vendor_data),
-            "networkConfig": _secret(network_config),
+            "userData": _secret(args.user_data),
+            "vendorData": _secret(args.vendor_data),
+            "networkConfig": _secret(args.network_config),
             "path": None,
             "size": None,
             "sha256": None,
@@ -183,4 +190,4 @@ class SeedIso(pulumi.dynamic.Resource):
         )
 
 
-__all__ = ["SeedIso", "SeedIsoProvider", "build_seed"]
+__all__ = ["SeedArgs", "SeedIso", "SeedIsoProvider", "build_seed"]

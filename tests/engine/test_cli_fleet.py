@@ -3,7 +3,8 @@ kvm fleet, each step asserting what an operator sees.
 
 One stack goes through its life in order (the tests of this module share it):
 preview of the new stack, up, outputs and state, no perpetual diff, a
-placement change replacing one proxy, drift repaired, destroy and gc. The
+placement change replacing one proxy, drift repaired (a stopped or removed
+domain, a definition changed out of band), destroy and gc. The
 tiny test image boots to its DHCP lease in seconds under TCG; squid and
 cloud-init are proved by tests/integration/test_end_to_end.py.
 """
@@ -22,6 +23,7 @@ import libvirt
 import pytest
 import yaml
 
+from providers.kvm.domainxml import parse_domain
 from proxyinfra.manifest import load_schema
 from proxyinfra.names import overlay_volume, proxy_id, seed_volume
 from tests.support import proxyinfra_cli
@@ -242,6 +244,30 @@ def test_drift_is_shown_by_refresh_and_repaired_by_up(fleet: Fleet) -> None:
     fleet.stack.ok("up", "--yes", "--skip-preview")
     for pid in (stopped, undefined):
         assert fleet.conn.lookupByName(pid).isActive()
+    fleet.stack.ok("preview", "--expect-no-changes")
+
+
+def test_a_definition_changed_out_of_band_is_shown_by_refresh_and_repaired_by_up(
+    fleet: Fleet,
+) -> None:
+    pid = fleet.ids["solo-0"]
+    # As `virsh setmaxmem --config` would: the next boot gets 384 MiB, not 256.
+    fleet.conn.lookupByName(pid).setMemoryFlags(
+        384 * 1024, libvirt.VIR_DOMAIN_AFFECT_CONFIG | libvirt.VIR_DOMAIN_MEM_MAXIMUM
+    )
+    done = fleet.stack.ok("refresh", "--yes", "--skip-preview", "--diff")
+    assert "solo-0-domain" in done.stdout
+    assert re.search(r"memoryMib\s*:\s*256\s*=>\s*384", done.stdout), done.stdout[-3000:]
+    preview = fleet.stack.ok("preview", "--diff", "--json")
+    changed = {resource_name(s["urn"]): s for s in steps(preview.stdout) if s["op"] != "same"}
+    assert set(changed) >= {"solo-0-domain"}, changed.keys()
+    assert all(name == "solo-0-domain" for name in changed), changed.keys()
+    reasons = changed["solo-0-domain"].get("replaceReasons") or []
+    assert "memoryMib" in reasons, changed["solo-0-domain"]
+    fleet.stack.ok("up", "--yes", "--skip-preview")
+    xml = fleet.conn.lookupByName(pid).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    assert parse_domain(xml).memory_mib == 256
+    fleet.stack.ok("refresh", "--yes", "--skip-preview")
     fleet.stack.ok("preview", "--expect-no-changes")
 
 

@@ -36,11 +36,16 @@ from providers.kubernetes.container import (
     container_settings,
 )
 from proxyinfra.config import Squid
-from proxyinfra.squid import render_squid_conf, settings_from_config
+from proxyinfra.squid import SquidSettings, render_squid_conf, settings_from_config
 from tests.harness.program import ProgramResult, run_program
-from tests.integration.test_squid_real import assert_tunnel_works, squid_parse
-from tests.program.test_gcp_kubernetes import HOOK, UBUNTU
-from tests.support.squid import EchoServer, free_port, proxy_connect
+from tests.support.mock_clouds import HOOK, UBUNTU
+from tests.support.squid import (
+    EchoServer,
+    assert_tunnel_works,
+    free_port,
+    proxy_connect,
+    squid_parse,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,13 +149,14 @@ class ContainerSquid:
         self.service = "egk8s" + os.urandom(5).hex()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def paths(self) -> dict[str, str]:
-        """The renderer's path overrides for this directory."""
-        return {
-            "password_file": str(self.dir / "passwords"),
-            "pid_file": str(self.dir / "run" / "squid.pid"),
-            "coredump_dir": str(self.dir / "spool"),
-        }
+    def with_paths(self, settings: SquidSettings) -> SquidSettings:
+        """SETTINGS with the renderer's paths moved into this directory."""
+        return dataclasses.replace(
+            settings,
+            password_file=str(self.dir / "passwords"),
+            pid_file=str(self.dir / "run" / "squid.pid"),
+            coredump_dir=str(self.dir / "spool"),
+        )
 
     def start(self, squid_conf: str, passwords: str) -> None:
         conf = self.dir / CONFIG_KEY
@@ -221,8 +227,8 @@ def test_config_map_and_secret_run_in_squid_as_the_container_would(
     running = ContainerSquid()
     try:
         port = free_port()
-        here = dataclasses.replace(
-            settings, listen_address="127.0.0.1", port=port, **running.paths()
+        here = running.with_paths(
+            dataclasses.replace(settings, listen_address="127.0.0.1", port=port)
         )
         running.start(
             render_squid_conf(here), produced.inputs("pod-0-auth")["stringData"]["passwords"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_cached_until_the_recipe_changes(tmp_path: Path) -> None:
 
     # A change of the recipe, or of the image the stamp describes, is a build;
     # --check says so and writes nothing.
-    changes = {
+    changes: dict[str, Callable[[], object]] = {
         "script": lambda: script.write_text(script.read_text() + "# a recipe change\n"),
         "package list": lambda: package_list.write_text(package_list.read_text() + "# a change\n"),
         "image": lambda: (out / f"{NAME}.qcow2").open("ab").write(b"\0"),

@@ -6,8 +6,6 @@ squid 5 and cloud-init come from Debian; every connection stays on 127.0.0.1.
 from __future__ import annotations
 
 import http.server
-import os
-import re
 import shutil
 import socket
 import subprocess
@@ -27,11 +25,12 @@ from proxyinfra.squid import (
     render_squid_conf,
 )
 from tests.support.squid import (
-    SQUID,
     EchoServer,
     RunningSquid,
+    assert_tunnel_works,
     loopback_settings,
     proxy_connect,
+    squid_parse,
     start_squid,
 )
 
@@ -41,7 +40,6 @@ NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
 CLOUD_INIT = shutil.which("cloud-init") or "/usr/bin/cloud-init"
 # Exercises squid's URL-escaping of helper input and non-ASCII bytes.
 PASSWORD = "pa ss:wörd%20"
-_BAD_LINE = re.compile(r"ERROR|FATAL|WARNING|ALERT|Bungled", re.IGNORECASE)
 
 
 # --- local targets -----------------------------------------------------------
@@ -99,25 +97,6 @@ def connect_status(
     return status
 
 
-def assert_tunnel_works(sock: socket.socket) -> None:
-    payload = os.urandom(200_000)
-    received = bytearray()
-
-    def reader() -> None:
-        while len(received) < len(payload):
-            chunk = sock.recv(65536)
-            if not chunk:
-                return
-            received.extend(chunk)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    sock.sendall(payload)
-    thread.join(timeout=10)
-    sock.close()
-    assert bytes(received) == payload
-
-
 def http_get(proxy_port: int, url: str) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", proxy_port), timeout=10) as sock:
         host = url.split("/")[2]
@@ -148,16 +127,6 @@ PARSE_VARIANTS = {
         allowed_clients=("0.0.0.0/0", "::/0"), listen_address="::1", auth_username="c"
     ),
 }
-
-
-def squid_parse(conf_path: Path) -> tuple[int, list[str]]:
-    result = subprocess.run(
-        [SQUID, "-k", "parse", "-f", str(conf_path)], capture_output=True, text=True, timeout=30
-    )
-    output = (result.stdout + result.stderr).splitlines()
-    # Echoes of our own directives ("Processing: ...") are not findings.
-    findings = [line for line in output if "Processing:" not in line and _BAD_LINE.search(line)]
-    return result.returncode, findings
 
 
 @pytest.mark.parametrize("name", sorted(PARSE_VARIANTS))

@@ -316,7 +316,8 @@ def http_get(url: str) -> str:
     # No proxy from the environment: the guest is on the host's own bridge.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=10) as response:
-        return response.read().decode()
+        body: bytes = response.read()
+    return body.decode()
 
 
 @pytest.mark.parametrize("kernel", ["generic", "cloud"])

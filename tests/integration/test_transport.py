@@ -24,7 +24,6 @@ from providers.kvm.errors import (
     KeyFileError,
     LibvirtSocketError,
 )
-from proxyinfra.cloudinit import render_user_data
 from tests.support.sshd import PrivateSshd
 from tests.support.testbed import Testbed, access_for
 
@@ -194,41 +193,6 @@ def test_socket_errors_are_diagnosed(testbed: Testbed) -> None:
     assert f"usermod -aG libvirt {testbed.user}" in str(denied.value)
 
 
-TRACE_SCRIPT = """
-import sys
-from tests.integration.test_transport import traced_session
-traced_session(sys.argv[1])
-"""
-
-
-def traced_session(marker: str) -> None:
-    """Run in a subprocess with EGRESS_PROXIES_LOG set: a few RPCs and an upload of
-    user-data that holds `marker`."""
-    from proxyinfra import logs
-    from tests.support.testbed import load_testbed
-
-    logs.configure()
-    testbed = load_testbed()
-    conn = HostConnection(access_for(testbed))
-    try:
-        lv = conn.libvirt()
-        pool = lv.storagePoolLookupByName(testbed.pool)
-        pool.listAllVolumes(0)
-        data = render_user_data(
-            "http_port 3128\n", None, f"#cloud-config\nbootcmd: [[echo, {marker}]]\n"
-        ).encode()
-        vol = pool.createXML(
-            f"<volume><name>trace-{marker}.raw</name><capacity>{len(data)}</capacity></volume>", 0
-        )
-        stream = lv.newStream(0)
-        vol.upload(stream, 0, len(data), 0)
-        stream.send(data)
-        stream.finish()
-        vol.delete(0)
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("level", ["info", "debug", "2"])
 def test_trace_levels_from_the_environment_never_show_user_data(
     testbed: Testbed, level: str
@@ -236,7 +200,7 @@ def test_trace_levels_from_the_environment_never_show_user_data(
     marker = f"MARK{uuid.uuid4().hex}"
     env = {**os.environ, "EGRESS_PROXIES_LOG": level}
     done = subprocess.run(
-        [sys.executable, "-c", TRACE_SCRIPT, marker],
+        [sys.executable, "-m", "tests.support.traced_session", marker],
         cwd=ROOT,
         env=env,
         capture_output=True,

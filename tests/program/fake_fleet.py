@@ -9,7 +9,7 @@ from typing import Any
 import pulumi
 
 from providers.external import ExternalDeployer
-from proxyinfra.backend import Endpoint, ProxyRequest
+from proxyinfra.backend import Deployer, Endpoint, ProxyRequest
 from proxyinfra.fleet import build_fleet
 from proxyinfra.program import raw_config
 from proxyinfra.validation import validate
@@ -32,5 +32,5 @@ class RecordingDeployer:
 
 def main() -> dict[str, Any]:
     config = validate(raw_config(), Path.cwd())
-    deployers = {"kvm": RecordingDeployer(), "external": ExternalDeployer()}
+    deployers: dict[str, Deployer] = {"kvm": RecordingDeployer(), "external": ExternalDeployer()}
     return {"fleet": build_fleet(config, deployers)}

@@ -1,9 +1,8 @@
 """The stack program under mocks with kvm, gcp, kubernetes and external proxies:
 what the gcp and kubernetes backends register, and the manifest.
 
-The mock hook stands in for the clouds: it gives instances and addresses their
-external IPs, LoadBalancer Services their ingress, and the credentials (a
-dynamic resource that is not run here) a password with its real bcrypt hash.
+The clouds are mocked by tests/support/mock_clouds.py (external IPs, LoadBalancer
+ingress, credentials with a real bcrypt hash).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import bcrypt
 import jsonschema
 import pytest
 import yaml
-from pulumi.runtime.mocks import MockResourceArgs
 
 from providers.gcp.labels import network_tag
 from providers.gcp.startup import render_startup_script
@@ -29,52 +27,16 @@ from proxyinfra.manifest import load_schema
 from proxyinfra.names import proxy_id
 from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
 from tests.harness.program import ProgramResult, RegisteredResource, run_program
+from tests.support.mock_clouds import ADDRESS, DEBIAN, DYNAMIC, HOOK, INSTANCE, SERVICE, UBUNTU
 
 PROGRAM = "proxyinfra.program:main"
-HOOK = "tests.program.test_gcp_kubernetes:mock_resource"
-DYNAMIC = "pulumi-python:dynamic:Resource"
-INSTANCE = "gcp:compute/instance:Instance"
-ADDRESS = "gcp:compute/address:Address"
 FIREWALL = "gcp:compute/firewall:Firewall"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 SECRET = "kubernetes:core/v1:Secret"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
-SERVICE = "kubernetes:core/v1:Service"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
-DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
-UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 OWN_USER_DATA = "#cloud-config\npackages: [curl]\n"
-
-
-# --- the clouds, mocked ------------------------------------------------------
-
-
-def _ip(prefix: str, name: str) -> str:
-    return f"{prefix}.{int(hashlib.sha256(name.encode()).hexdigest()[:4], 16) % 250 + 2}"
-
-
-def mock_resource(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
-    """Outputs the real providers would add (runs in the program's process)."""
-    outputs = dict(args.inputs)
-    if args.typ == DYNAMIC and args.name.endswith("-credentials"):
-        password = "pw-" + hashlib.sha256(args.name.encode()).hexdigest()[:16]
-        digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-        outputs.update(password=password, password_hash=digest)
-    elif args.typ == DYNAMIC:  # kvm's BaseImage, Overlay, SeedIso, ProxyDomain
-        outputs.update(path=f"/pool/{args.name}", volume=args.name, sha256="0" * 64)
-        outputs.update(ip=_ip("192.168.1", args.name))
-    elif args.typ == ADDRESS:
-        outputs["address"] = _ip("203.0.113", args.name)
-    elif args.typ == INSTANCE:
-        for nic in outputs.get("networkInterfaces", []):
-            for config in nic.get("accessConfigs", []):
-                config.setdefault("natIp", _ip("198.51.100", args.name))
-    elif args.typ == SERVICE and outputs["spec"]["type"] == "LoadBalancer":
-        outputs["status"] = {"loadBalancer": {"ingress": [{"ip": _ip("192.0.2", args.name)}]}}
-    else:
-        return None
-    return f"{args.name}-id", outputs
 
 
 # --- the fleet -----------------------------------------------------------------

@@ -13,9 +13,8 @@ from proxyinfra.manifest import Manifest, load_schema
 from proxyinfra.names import proxy_id
 from proxyinfra.stackfile import read_raw
 from tests.harness.program import run_program
+from tests.support.mock_clouds import HOOK as CLOUD_MOCKS
 from tests.support.testbed import Testbed
-
-CLOUD_MOCKS = "tests.program.test_gcp_kubernetes:mock_resource"
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = "proxyinfra.program:main"

@@ -24,7 +24,8 @@ import libvirt
 import pytest
 
 from providers.kvm.access import HostAccess
-from providers.kvm.baseimage import BaseImageProvider, write_marker
+from providers.kvm.baseimage import BaseImageProvider
+from providers.kvm.basevolumes import write_marker
 from providers.kvm.volumes import MIB, lookup_volume, volume_xml
 from proxyinfra.names import base_marker_volume, base_volume
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs

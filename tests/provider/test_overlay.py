@@ -14,7 +14,7 @@ import libvirt
 import pulumi
 import pytest
 
-from providers.kvm.overlay import Overlay, OverlayProvider
+from providers.kvm.overlay import Overlay, OverlayArgs, OverlayProvider
 from providers.kvm.volumes import GIB, MIB, VolumeInfo, lookup_volume, volume_xml
 from proxyinfra.names import overlay_volume, proxy_id
 from tests.harness.engine import (
@@ -190,7 +190,8 @@ def test_growing_updates_in_place_and_other_changes_replace_first(
         ("name", "other.qcow2"),
         ("sizeGb", UNKNOWN),  # preview: might shrink
     ):
-        diff = engine.diff(case.name, urn, grown, props(testbed, case, **{"sizeGb": 3, key: value}))
+        change: dict[str, Any] = {"sizeGb": 3, key: value}
+        diff = engine.diff(case.name, urn, grown, props(testbed, case, **change))
         assert (diff.action, diff.replaces, diff.delete_before_replace) == (
             "replace",
             [key],
@@ -283,11 +284,13 @@ def overlay_program() -> dict[str, Any]:
     config = pulumi.Config()
     disk = Overlay(
         "disk",
-        host=access_for(load_testbed()),
-        name=config.require("name"),
-        base_path=config.require("basePath"),
-        base_format="qcow2",
-        size_gb=3,
+        OverlayArgs(
+            host=access_for(load_testbed()),
+            name=config.require("name"),
+            base_path=config.require("basePath"),
+            base_format="qcow2",
+            size_gb=3,
+        ),
     )
     return {"path": disk.path, "capacity": disk.capacity}
 

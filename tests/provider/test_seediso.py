@@ -16,7 +16,7 @@ import libvirt
 import pulumi
 import pytest
 
-from providers.kvm.seediso import SeedIso, SeedIsoProvider, build_seed
+from providers.kvm.seediso import SeedArgs, SeedIso, SeedIsoProvider, build_seed
 from providers.kvm.volumes import MIB, lookup_volume, upload, volume_xml
 from proxyinfra.cloudinit import default_vendor_data, render_meta_data
 from proxyinfra.names import proxy_id, seed_volume
@@ -154,7 +154,8 @@ def test_a_changed_document_replaces_the_seed_deleting_first(
         ("vendorData", None),
         ("networkConfig", "version: 2\n"),
     ):
-        diff = engine.diff(proxy, urn, out, props(testbed, proxy, **{key: value}))
+        change: dict[str, Any] = {key: value}
+        diff = engine.diff(proxy, urn, out, props(testbed, proxy, **change))
         assert (diff.action, diff.replaces, diff.delete_before_replace) == (
             "replace",
             [key],
@@ -220,12 +221,14 @@ def seed_program() -> dict[str, Any]:
     docs = documents(pid, networkConfig="version: 2\n")
     seed = SeedIso(
         "seed",
-        host=access_for(load_testbed()),
-        name=seed_volume(pid),
-        user_data=docs["userData"],  # plain: the class makes it secret
-        meta_data=docs["metaData"],
-        vendor_data=docs["vendorData"],
-        network_config=docs["networkConfig"],
+        SeedArgs(
+            host=access_for(load_testbed()),
+            name=seed_volume(pid),
+            user_data=docs["userData"],  # plain: the class makes it secret
+            meta_data=docs["metaData"],
+            vendor_data=docs["vendorData"],
+            network_config=docs["networkConfig"],
+        ),
     )
     return {"path": seed.path, "sha256": seed.sha256}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -42,6 +43,8 @@ SQUID_USER = "proxy"
 _READY_MARK = b"Accepting HTTP Socket connections"
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 15.0
+# What `squid -k parse` reports that a clean config must not produce.
+_BAD_LINE = re.compile(r"ERROR|FATAL|WARNING|ALERT|Bungled", re.IGNORECASE)
 
 
 def free_port() -> int:
@@ -224,6 +227,17 @@ def start_squid(
     return squid
 
 
+def squid_parse(conf_path: Path) -> tuple[int, list[str]]:
+    """`squid -k parse` of a config file: (exit code, the lines that are findings)."""
+    result = subprocess.run(
+        [SQUID, "-k", "parse", "-f", str(conf_path)], capture_output=True, text=True, timeout=30
+    )
+    output = (result.stdout + result.stderr).splitlines()
+    # Echoes of our own directives ("Processing: ...") are not findings.
+    findings = [line for line in output if "Processing:" not in line and _BAD_LINE.search(line)]
+    return result.returncode, findings
+
+
 # -- a CONNECT client at the socket level ----------------------------------------------------
 
 
@@ -269,6 +283,27 @@ def connect_status(
     status, _, sock = proxy_connect(host, port, target, credentials)
     sock.close()
     return status
+
+
+def assert_tunnel_works(sock: socket.socket) -> None:
+    """200 kB of random bytes through an open tunnel to an EchoServer come back
+    unchanged; closes the socket."""
+    payload = os.urandom(200_000)
+    received = bytearray()
+
+    def reader() -> None:
+        while len(received) < len(payload):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    sock.sendall(payload)
+    thread.join(timeout=10)
+    sock.close()
+    assert bytes(received) == payload
 
 
 # -- a target ---------------------------------------------------------------------------------

@@ -469,7 +469,9 @@ def doc_block(path: Path, heading: str) -> dict[str, Any]:
     block = section[
         section.index("```yaml\n") + 8 : section.index("\n```", section.index("```yaml"))
     ]
-    return yaml.safe_load(block)
+    parsed = yaml.safe_load(block)
+    assert isinstance(parsed, dict), block
+    return parsed
 
 
 def test_the_seed_sample_provider_entry_validates_as_written(tmp_path: Path) -> None:

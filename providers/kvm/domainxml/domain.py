@@ -36,7 +36,7 @@ def devices_for(spec: DomainSpec) -> list[Device]:
         VirtioDisk(spec.disk_path),
         CdromDisk(spec.seed_path),
         nic,
-        PtySerial(spec.serial_log),
+        PtySerial(),
         SerialConsole(),
         GuestAgentChannel(),
         VirtioRng(),
@@ -51,8 +51,8 @@ def domain_element(spec: DomainSpec) -> ET.Element:
     sub(domain, "metadata").append(spec.metadata.to_element())
     sub(domain, "memory", {"unit": "MiB"}, text=str(spec.memory_mib))
     sub(domain, "vcpu", text=str(spec.vcpus))
-    domain.append(GuestOs(spec.firmware, spec.secure_boot).to_element())
-    domain.append(Features(smm=spec.secure_boot).to_element())
+    domain.append(GuestOs(spec.firmware).to_element())
+    domain.append(Features().to_element())
     domain.append(Cpu(spec.cpu_mode).to_element())
     sub(domain, "clock", {"offset": "utc"})
     for tag, action in LIFECYCLE:

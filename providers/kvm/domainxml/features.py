@@ -1,6 +1,5 @@
 """``<features>``: ACPI (UEFI on x86 requires it, and ``virsh shutdown`` sends an
-ACPI power button), APIC, and SMM when secure boot is on (q35 + secure-boot
-OVMF will not start without it)."""
+ACPI power button) and APIC. No SMM: secure boot is always off."""
 
 from __future__ import annotations
 
@@ -12,12 +11,8 @@ from providers.kvm.domainxml._xml import element, sub
 
 @dataclass(frozen=True)
 class Features:
-    smm: bool = False
-
     def to_element(self) -> ET.Element:
         features = element("features")
         sub(features, "acpi")
         sub(features, "apic")
-        if self.smm:
-            sub(features, "smm", {"state": "on"})
         return features

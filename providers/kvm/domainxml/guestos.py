@@ -1,9 +1,10 @@
 """``<os>``: q35/x86_64 hvm, with UEFI picked by libvirt's firmware autoselection.
 
-UEFI: ``<os firmware='efi'>`` plus explicit ``<firmware>`` features, because
-without them libvirt may pick a secure-boot OVMF with enrolled keys. BIOS: no
-firmware attribute (SeaBIOS). No ``<boot dev=...>``: the disk carries
-``<boot order='1'/>`` and libvirt refuses both kinds of boot order at once.
+UEFI: ``<os firmware='efi'>`` plus explicit ``<firmware>`` features turning
+secure boot off, because without them libvirt may pick a secure-boot OVMF
+with enrolled keys. BIOS: no firmware attribute (SeaBIOS). No
+``<boot dev=...>``: the disk carries ``<boot order='1'/>`` and libvirt
+refuses both kinds of boot order at once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ SECURE_BOOT_FEATURES = ("secure-boot", "enrolled-keys")
 @dataclass(frozen=True)
 class GuestOs:
     firmware: Firmware
-    secure_boot: bool = False
 
     def to_element(self) -> ET.Element:
         attrs = {"firmware": "efi"} if self.firmware == "uefi" else {}
@@ -31,7 +31,6 @@ class GuestOs:
         sub(os_node, "type", {"arch": ARCH, "machine": MACHINE}, text="hvm")
         if self.firmware == "uefi":
             firmware = sub(os_node, "firmware")
-            enabled = "yes" if self.secure_boot else "no"
             for feature in SECURE_BOOT_FEATURES:
-                sub(firmware, "feature", {"enabled": enabled, "name": feature})
+                sub(firmware, "feature", {"enabled": "no", "name": feature})
         return os_node

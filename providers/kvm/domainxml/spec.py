@@ -54,11 +54,9 @@ class DomainSpec:
     domain_type: DomainType = DEFAULT_DOMAIN_TYPE
     cpu_mode: str = DEFAULT_CPU_MODE
     firmware: Firmware = DEFAULT_FIRMWARE
-    secure_boot: bool = False
     network: str | None = None
     bridge: str | None = None
     mac: str | None = None
-    serial_log: str | None = None
 
     def __post_init__(self) -> None:
         check_pattern("DomainSpec.name", self.name, NAME_RE, "a proxy id (proxy-<10 hex>)")
@@ -69,19 +67,11 @@ class DomainSpec:
         self._check_cpu_mode()
         if self.firmware not in FIRMWARES:
             raise fail("DomainSpec.firmware", self.firmware, "is not 'uefi' or 'bios'")
-        if not isinstance(self.secure_boot, bool):
-            raise fail("DomainSpec.secure_boot", self.secure_boot, "is not a bool")
-        if self.secure_boot and self.firmware != "uefi":
-            raise fail(
-                "DomainSpec.secure_boot", True, "needs firmware 'uefi' (the image says 'bios')"
-            )
         check_absolute_path("DomainSpec.disk_path", self.disk_path)
         check_absolute_path("DomainSpec.seed_path", self.seed_path)
         if self.disk_path == self.seed_path:
             raise fail("DomainSpec.seed_path", self.seed_path, "is the same file as disk_path")
         self._check_nic()
-        if self.serial_log is not None:
-            check_absolute_path("DomainSpec.serial_log", self.serial_log)
         if not isinstance(self.metadata, ProxyMetadata):
             raise fail("DomainSpec.metadata", self.metadata, "is not a ProxyMetadata")
 

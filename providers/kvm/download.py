@@ -1,0 +1,148 @@
+"""A base image's download: the HTTP response streamed in chunks, hashed and
+counted on the way, with progress lines, checks of its size and digest, and
+the volume capacity its first bytes give."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from providers.kvm.errors import ImageError
+from providers.kvm.volumes import MIB, human
+
+Log = logging.LoggerAdapter[logging.Logger]
+
+CHUNK = MIB  # per HTTP read and per libvirt stream send: memory is a few of these
+PROGRESS_SECONDS = 2.0
+PROGRESS_PERCENT = 10
+QCOW2_MAGIC = b"QFI\xfb"
+QCOW2_HEADER = 32  # magic, version, backing file offset and size, cluster bits, virtual size
+# Generous read timeout: a mirror may pause, but a dead one must not hang `pulumi up`.
+TIMEOUT = httpx.Timeout(60.0, connect=30.0)
+
+
+def shown_url(url: Any) -> str:
+    """The URL for logs and errors, without a password it may carry."""
+    return re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url) if isinstance(url, str) else repr(url)
+
+
+@contextlib.contextmanager
+def download(url: str) -> Iterator[httpx.Response]:
+    """The response, headers read and status checked, body not yet."""
+    shown = shown_url(url)
+    # identity: the digest is of the file as published, not of a re-encoding.
+    headers = {"Accept-Encoding": "identity"}
+    with httpx.Client(timeout=TIMEOUT, follow_redirects=True, headers=headers) as client:
+        try:
+            response = client.send(client.build_request("GET", url), stream=True)
+        except httpx.HTTPError as error:
+            raise ImageError(f"could not fetch {shown}: {_reason(error)}") from None
+        try:
+            if response.status_code != httpx.codes.OK:
+                raise ImageError(
+                    f"could not fetch {shown}: HTTP {response.status_code} {response.reason_phrase}"
+                )
+            yield response
+        finally:
+            response.close()
+
+
+def content_length(response: httpx.Response) -> int | None:
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.isdigit() else None
+
+
+def hashed(
+    response: httpx.Response, hasher: Any, progress: Progress, shown: str
+) -> Iterator[bytes]:
+    """The body in chunks, hashed and counted on the way; a broken transfer
+    becomes an ImageError saying how far it got."""
+    try:
+        for chunk in response.iter_raw(CHUNK):
+            hasher.update(chunk)
+            progress.add(len(chunk))
+            yield chunk
+    except httpx.HTTPError as error:
+        raise ImageError(
+            f"download of {shown} broke off after {progress.done} bytes: {_reason(error)}"
+        ) from None
+
+
+def _reason(error: httpx.HTTPError) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def initial_capacity(fmt: str, first: bytes, length: int | None, shown: str) -> int:
+    """The capacity to create the volume with. For raw that is the file's size.
+    For qcow2 libvirt writes a fresh header of that virtual size (qemu-img
+    create) which the upload then overwrites with the image's own; taking the
+    image's virtual size from its header keeps libvirt's view right meanwhile."""
+    if fmt == "raw":
+        return length or 0
+    if len(first) < QCOW2_HEADER or not first.startswith(QCOW2_MAGIC):
+        raise ImageError(
+            f"{shown} is not a qcow2 image (it starts with {first[:16]!r}); "
+            "check the url, or set format to what the file is"
+        )
+    (virtual_size,) = struct.unpack_from(">Q", first, 24)
+    return int(virtual_size)
+
+
+def verify(expected: str | None, digest: str, sent: int, length: int | None, shown: str) -> None:
+    if length is not None and sent != length:
+        raise ImageError(f"download of {shown} gave {sent} bytes, Content-Length said {length}")
+    if expected is not None and digest != expected:
+        raise ImageError(
+            f"{shown}: sha256 mismatch: expected {expected}, got {digest} ({sent} bytes); "
+            "nothing was kept on the host"
+        )
+
+
+class Progress:
+    """Info lines during a long download, never per chunk: at most one every
+    PROGRESS_SECONDS, and with a known size only after another
+    PROGRESS_PERCENT, so a slow multi-GiB download logs about ten lines."""
+
+    def __init__(self, log: Log, total: int | None) -> None:
+        self.log = log
+        self.total = total or None
+        self.done = 0
+        self.start = self._last = time.monotonic()
+        self._step = 0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    @property
+    def rate(self) -> float:
+        """MiB/s so far."""
+        return self.done / MIB / max(self.elapsed, 1e-6)
+
+    def add(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if now - self._last < PROGRESS_SECONDS or self.done == self.total:
+            return  # too soon, or finished: the final line says it
+        if self.total is None:
+            self._last = now
+            self.log.info("fetching base image: %s at %.1f MiB/s", human(self.done), self.rate)
+            return
+        percent = self.done * 100 // self.total
+        if percent // PROGRESS_PERCENT <= self._step:
+            return
+        self._last, self._step = now, percent // PROGRESS_PERCENT
+        self.log.info(
+            "fetching base image: %s of %s (%d%%) at %.1f MiB/s",
+            human(self.done),
+            human(self.total),
+            percent,
+            self.rate,
+        )
