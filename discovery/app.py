@@ -127,7 +127,7 @@ def create_app(service: Service) -> ASGIApp:
         return Response(status_code=204)
 
     async def proxies(request: Request) -> Response:
-        return json_response({"proxies": book().proxies_json()})
+        return json_response({"proxies": await book().proxies_json()})
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok"})

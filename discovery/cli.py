@@ -22,13 +22,14 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from discovery import logs
+from discovery.database import Database, DatabaseError, parse_database
 from discovery.fleet import FleetError
 from discovery.logs import event
 from discovery.settings import DEFAULT_PROBE_TARGET, Settings, is_loopback, split_host_port
 from discovery.store import StoreError
 
 if TYPE_CHECKING:
-    from discovery.service import Service
+    from discovery.service import AnyService
 
 log = logging.getLogger("discovery")
 
@@ -91,7 +92,12 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--listen", required=True, type=_host_port, metavar="HOST:PORT")
     serve.add_argument(
-        "--db", required=True, type=Path, metavar="PATH", help="the SQLite lease store"
+        "--db",
+        required=True,
+        type=_database,
+        metavar="PATH|URL",
+        help="the lease store: an SQLite file (one service), or postgresql://USER@HOST:PORT/DB "
+        "shared by several replicas (password in the URL or $PGPASSWORD)",
     )
     serve.add_argument(
         "--probe-target",
@@ -160,10 +166,17 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
     )
 
 
-def serve(settings: Settings) -> int:
-    from discovery.service import Service
+def _database(value: str) -> Database:
+    try:
+        return parse_database(value)
+    except DatabaseError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--db ")) from None
 
-    service = Service(settings)
+
+def serve(settings: Settings) -> int:
+    from discovery.service import make_service
+
+    service = make_service(settings)
     try:
         service.open()
     except (StoreError, FleetError) as exc:
@@ -172,7 +185,7 @@ def serve(settings: Settings) -> int:
     return run_server(service)
 
 
-def run_server(service: Service) -> int:
+def run_server(service: AnyService) -> int:
     """Serves the API of an opened service with uvicorn (one worker) until SIGTERM or SIGINT."""
     import uvicorn  # imported here: `--help` and argument errors stay fast
 
@@ -217,7 +230,7 @@ def run_server(service: Service) -> int:
     except SystemExit as exc:  # uvicorn's way to fail a start (port taken: 3); ours is 1
         return 1 if exc.code else 0
     finally:
-        service.store.close()  # no-op after a clean stop; frees the lock otherwise
+        service.close()  # no-op after a clean stop; frees the store otherwise
     return 0 if server.started else 1
 
 

@@ -88,6 +88,16 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A proxy matching a selector, as a refusal (409) explains itself."""
+
+    name: str
+    healthy: bool
+    leased_until: float | None
+    cooling_until: float | None
+
+
+@dataclass(frozen=True)
 class FleetChange:
     added: list[str]
     removed: list[str]
@@ -365,41 +375,26 @@ class LeaseBook:
     # -- views ---------------------------------------------------------------------------
 
     def lease_json(self, lease: Lease) -> dict[str, Any]:
-        return {
-            "id": lease.id,
-            "holder": lease.holder,
-            "proxy": {"name": lease.proxy.name, "url": lease.proxy.url},
-            "expiresAt": rfc3339(lease.expires_at),
-        }
+        return lease_json(lease)
 
-    def proxies_json(self) -> list[dict[str, Any]]:
+    async def proxies_json(self) -> list[dict[str, Any]]:
         now = self._clock()
         answer = []
         for name, proxy in self._fleet.items():
             state = self._health.health(name)
-            last_error = state.last_error if state else None
-            if last_error and proxy.password:
-                # The engine should never put a password in an error; make sure.
-                last_error = last_error.replace(proxy.password, "[redacted]")
-            latency = state.latency_ms if state else None
-            cooldowns = sorted(
-                (until, target)
-                for target, until in self._cooldowns.get(name, {}).items()
-                if until > now
-            )
             answer.append(
-                {
-                    "name": name,
-                    "provider": proxy.provider,
-                    "type": proxy.type,
-                    "zone": proxy.zone,
-                    "labels": dict(proxy.labels),
-                    "health": str(state.health) if state else str(Health.UNKNOWN),
-                    "latencyMs": round(latency, 3) if latency is not None else None,
-                    "lastError": last_error,
-                    "leased": name in self._by_proxy,
-                    "cooldowns": [{"target": t, "until": rfc3339(u)} for u, t in cooldowns],
-                }
+                proxy_json(
+                    proxy,
+                    health=str(state.health) if state else str(Health.UNKNOWN),
+                    latency_ms=state.latency_ms if state else None,
+                    last_error=state.last_error if state else None,
+                    leased=name in self._by_proxy,
+                    cooldowns=[
+                        (until, target)
+                        for target, until in self._cooldowns.get(name, {}).items()
+                        if until > now
+                    ],
+                )
             )
         return answer
 
@@ -464,46 +459,20 @@ class LeaseBook:
         return until if until > now else None
 
     def _denial(self, selector: Selector, host: str | None, now: float) -> NoProxyAvailable:
-        matching = leased = cooling = unhealthy = free_but_cooling = 0
-        soonest = math.inf
+        candidates = []
         for name, proxy in self._fleet.items():
             if not selector.matches(proxy):
                 continue
-            matching += 1
-            free_at = now
             lease = self._by_proxy.get(name)
-            if lease is not None:
-                leased += 1
-                free_at = max(free_at, lease.expires_at)
-            until = self._cooling_until(name, host, now)
-            if until is not None:
-                cooling += 1
-                free_at = max(free_at, until)
-            if not self._healthy(name):
-                unhealthy += 1
-                # Unknown until probed again; the next probe is the earliest chance.
-                free_at = max(free_at, now + self._probe_interval)
-            elif lease is None:
-                free_but_cooling += 1
-            soonest = min(soonest, free_at)
-        if matching == 0:
-            return NoProxyAvailable(
-                "no_match",
-                max(1, math.ceil(self._probe_interval)),
-                "no proxy of the fleet matches the selector",
+            candidates.append(
+                Candidate(
+                    name,
+                    self._healthy(name),
+                    lease.expires_at if lease is not None else None,
+                    self._cooling_until(name, host, now),
+                )
             )
-        if free_but_cooling:
-            reason = "cooldown"
-        elif unhealthy < matching:
-            reason = "leased"
-        else:
-            reason = "unhealthy"
-        scope = f" for {host}" if host else ""
-        detail = (
-            f"{matching} matching {'proxy' if matching == 1 else 'proxies'}: {leased} leased, "
-            f"{cooling} cooling down{scope}, {unhealthy} not healthy"
-        )
-        return NoProxyAvailable(reason, max(1, math.ceil(soonest - now)), detail)
+        return refusal(candidates, host, now, self._probe_interval)
 
     async def _write(self, ops: Sequence[Op], *, required: bool = False) -> None:
         try:
@@ -514,12 +483,95 @@ class LeaseBook:
                 raise StoreUnavailable("the lease store could not record the change") from None
 
 
+def lease_json(lease: Lease) -> dict[str, Any]:
+    return {
+        "id": lease.id,
+        "holder": lease.holder,
+        "proxy": {"name": lease.proxy.name, "url": lease.proxy.url},
+        "expiresAt": rfc3339(lease.expires_at),
+    }
+
+
+def proxy_json(
+    proxy: FleetProxy,
+    *,
+    health: str,
+    latency_ms: float | None,
+    last_error: str | None,
+    leased: bool,
+    cooldowns: list[tuple[float, str]],
+) -> dict[str, Any]:
+    """One proxy in `GET /v1/proxies`: never its credentials."""
+    if last_error and proxy.password:
+        # The engine should never put a password in an error; make sure.
+        last_error = last_error.replace(proxy.password, "[redacted]")
+    return {
+        "name": proxy.name,
+        "provider": proxy.provider,
+        "type": proxy.type,
+        "zone": proxy.zone,
+        "labels": dict(proxy.labels),
+        "health": health,
+        "latencyMs": round(latency_ms, 3) if latency_ms is not None else None,
+        "lastError": last_error,
+        "leased": leased,
+        "cooldowns": [{"target": t, "until": rfc3339(u)} for u, t in sorted(cooldowns)],
+    }
+
+
+def refusal(
+    candidates: Sequence[Candidate], host: str | None, now: float, probe_interval: float
+) -> NoProxyAvailable:
+    """Why no proxy among those matching the selector can be leased now, and
+    when the first of them may be (Retry-After)."""
+    leased = cooling = unhealthy = free_but_cooling = 0
+    soonest = math.inf
+    for candidate in candidates:
+        free_at = now
+        if candidate.leased_until is not None:
+            leased += 1
+            free_at = max(free_at, candidate.leased_until)
+        if candidate.cooling_until is not None:
+            cooling += 1
+            free_at = max(free_at, candidate.cooling_until)
+        if not candidate.healthy:
+            unhealthy += 1
+            # Unknown until probed again; the next probe is the earliest chance.
+            free_at = max(free_at, now + probe_interval)
+        elif candidate.leased_until is None:
+            free_but_cooling += 1
+        soonest = min(soonest, free_at)
+    matching = len(candidates)
+    if matching == 0:
+        return NoProxyAvailable(
+            "no_match",
+            max(1, math.ceil(probe_interval)),
+            "no proxy of the fleet matches the selector",
+        )
+    if free_but_cooling:
+        reason = "cooldown"
+    elif unhealthy < matching:
+        reason = "leased"
+    else:
+        reason = "unhealthy"
+    scope = f" for {host}" if host else ""
+    detail = (
+        f"{matching} matching {'proxy' if matching == 1 else 'proxies'}: {leased} leased, "
+        f"{cooling} cooling down{scope}, {unhealthy} not healthy"
+    )
+    return NoProxyAvailable(reason, max(1, math.ceil(soonest - now)), detail)
+
+
 __all__ = [
+    "Candidate",
     "FleetChange",
     "Lease",
     "LeaseBook",
     "LeaseNotFound",
     "NoProxyAvailable",
     "StoreUnavailable",
+    "lease_json",
+    "proxy_json",
+    "refusal",
     "rfc3339",
 ]

@@ -17,16 +17,20 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from discovery.database import PostgresUrl
 from discovery.fleet import Fleet, FleetError, FleetSource
 from discovery.health_source import HealthFactory, HealthSource
-from discovery.leases import LeaseBook
+from discovery.leases import LeaseBook, StoreUnavailable
 from discovery.logs import event
 from discovery.metrics import Metrics
+from discovery.pgstore import PgStore
 from discovery.settings import Settings
+from discovery.shared import Leadership, SharedLeaseBook
 from discovery.store import LeaseStore, Prune, StoredState
 from health.model import Health, HealthListener
 
@@ -35,6 +39,7 @@ log = logging.getLogger("discovery")
 REPORT_RETENTION_S = 7 * 24 * 3600.0
 MAINTENANCE_INTERVAL_S = 30.0
 _EXPIRY_TICK_S = 0.25  # longest a lease outlives its expiry before it is swept
+SHARED_SWEEP_S = 1.0  # PostgreSQL: grants ignore expired leases; this only tidies up
 
 
 def engine_factory(settings: Settings) -> HealthFactory:
@@ -85,6 +90,7 @@ class Service:
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        assert isinstance(settings.db, Path), "an SQLite file (make_service picks)"
         self.store = LeaseStore(settings.db)
         self.store.on_commit = self.metrics.on_commit
         self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
@@ -158,6 +164,10 @@ class Service:
                 self._sighup = True
         self.ready = True
         event(log, logging.INFO, "service started")
+
+    def close(self) -> None:
+        """Frees the store if stop() did not run (a failed start)."""
+        self.store.close()
 
     async def stop(self) -> None:
         self.ready = False
@@ -251,3 +261,136 @@ class Service:
             book.prune_cooldowns()
             book.resync_pool()
             await self.store.write((Prune(now, now - REPORT_RETENTION_S),))
+
+
+class SharedService(Service):
+    """A replica on a shared PostgreSQL store (discovery/shared.py): the
+    database holds leases, cooldowns and health; one replica probes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        health_factory: HealthFactory | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        assert isinstance(settings.db, PostgresUrl)
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.pg = PgStore(settings.db)
+        self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
+        self._health_factory = health_factory or engine_factory(settings)
+        self._clock = clock
+        self._fleet: Fleet | None = None
+        self._health: HealthSource | None = None
+        self._shared: SharedLeaseBook | None = None
+        self._leadership: Leadership | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reload = asyncio.Event()
+        self._sighup = False
+        self.ready = False
+
+    @property
+    def book(self) -> SharedLeaseBook:  # type: ignore[override]
+        if self._shared is None:
+            raise RuntimeError("the service has not started")
+        return self._shared
+
+    @property
+    def leading(self) -> bool:
+        return self._leadership is not None and self._leadership.leading
+
+    def open(self) -> None:
+        """Migrates the database and reads the fleet; raises StoreError or FleetError."""
+        self.pg.migrate()
+        self._fleet = self.source.load()
+        self.metrics.fleet_loads.labels("changed").inc()
+        event(
+            log,
+            logging.INFO,
+            "fleet loaded",
+            source=self.source.describe(),
+            project=self._fleet.project,
+            stack=self._fleet.stack,
+            proxies=len(self._fleet.proxies),
+            store=self.pg.database.shown,
+        )
+
+    async def start(self) -> None:
+        if self._fleet is None:
+            self.open()
+        assert self._fleet is not None
+        loop = asyncio.get_running_loop()
+        await self.pg.open()
+        # Health reaches the book through the database, not through a listener.
+        self._health = self._health_factory(_LoopListener(loop), self.registry)
+        self._shared = SharedLeaseBook(
+            store=self.pg,
+            health=self._health,
+            metrics=self.metrics,
+            max_ttl=self.settings.max_lease_ttl,
+            cooldown=self.settings.lease_cooldown,
+            probe_interval=self.settings.probe_interval,
+        )
+        await self._shared.restore(self._fleet)
+        self.metrics.watch_state(self._shared.snapshot)
+        self._leadership = Leadership(
+            self.pg, self._health, probe_interval=self.settings.probe_interval
+        )
+        self._tasks = [
+            loop.create_task(self._run("leadership", self._leadership.run)),
+            loop.create_task(self._run("expiry", self._shared_expiry_loop)),
+            loop.create_task(self._run("fleet", self._fleet_loop)),
+            loop.create_task(self._run("maintenance", self._shared_maintenance_loop)),
+        ]
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+                self._sighup = True
+        self.ready = True
+        event(log, logging.INFO, "service started", store="postgresql")
+
+    def close(self) -> None:
+        """Nothing to free: the pool closes in stop()."""
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._sighup = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._health is not None:
+            await self._health.stop()
+        await self.pg.close()
+        event(log, logging.INFO, "service stopped")
+
+    async def _shared_expiry_loop(self) -> None:
+        book = self.book
+        while True:
+            await asyncio.sleep(SHARED_SWEEP_S)
+            with contextlib.suppress(StoreUnavailable):
+                await book.expire_due()
+                await book.refresh_snapshot()
+
+    async def _shared_maintenance_loop(self) -> None:
+        book = self.book
+        while True:
+            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+            with contextlib.suppress(StoreUnavailable):
+                await book.register_fleet()
+                await self.pg.prune(REPORT_RETENTION_S)
+
+
+AnyService = Service | SharedService
+
+
+def make_service(settings: Settings, **options: Any) -> AnyService:
+    """The service for `--db`: one process on SQLite, or a replica on PostgreSQL."""
+    if isinstance(settings.db, PostgresUrl):
+        return SharedService(settings, **options)
+    return Service(settings, **options)

@@ -6,6 +6,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from discovery.database import Database
+
 DEFAULT_PROBE_TARGET = "example.com:443"
 
 
@@ -13,7 +15,7 @@ DEFAULT_PROBE_TARGET = "example.com:443"
 class Settings:
     listen_host: str
     listen_port: int
-    db: Path
+    db: Database  # an SQLite file, or a PostgreSQL URL shared by replicas
     fleet_file: Path | None = None
     stack: str | None = None
     probe_target: str = DEFAULT_PROBE_TARGET

@@ -64,8 +64,13 @@ def http(server: ServerThread) -> Iterator[httpx.Client]:
         yield client
 
 
+def sqlite_path(server: ServerThread) -> Path:
+    assert isinstance(server.settings.db, Path)  # these servers run on SQLite
+    return server.settings.db
+
+
 def store_state(server: ServerThread) -> tuple[Any, ...]:
-    with sqlite3.connect(server.settings.db) as db:
+    with sqlite3.connect(sqlite_path(server)) as db:
         return tuple(
             db.execute(sql).fetchall()
             for sql in (
@@ -192,7 +197,7 @@ def test_200_concurrent_grants_on_50_proxies(server: ServerThread) -> None:
     assert statuses.count(201) == 50 and statuses.count(409) == 150, statuses
     names = [a.json()["proxy"]["name"] for a in answers if a.status_code == 201]
     assert len(set(names)) == 50
-    with sqlite3.connect(server.settings.db) as db:
+    with sqlite3.connect(sqlite_path(server)) as db:
         assert db.execute("SELECT count(DISTINCT proxy), count(*) FROM leases").fetchone() == (
             50,
             50,

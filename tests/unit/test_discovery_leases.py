@@ -354,7 +354,7 @@ def test_blocked_without_a_target_cools_down_everywhere(tmp_path: Path) -> None:
         for host in (None, "example.com", "example.org"):
             with pytest.raises(NoProxyAvailable):
                 await w.book.grant("c", ttl=None, selector=ANY, host=host)
-        [view] = w.book.proxies_json()
+        [view] = await w.book.proxies_json()
         assert view["cooldowns"] == [{"target": "*", "until": "2027-01-15T08:05:00.000Z"}]
         assert w.sample("discovery_reports_total", outcome="blocked") == 1
 
@@ -451,7 +451,7 @@ def test_restore_keeps_leases_and_cooldowns_and_ends_expired_or_departed(tmp_pat
             with pytest.raises(LeaseNotFound):
                 await w.book.renew(ids[gone], ttl=None)
         assert w.rows("SELECT proxy FROM leases") == [("p0",)]
-        [p0, p1] = w.book.proxies_json()
+        [p0, p1] = await w.book.proxies_json()
         assert p0["leased"] and p0["cooldowns"][0]["target"] == "example.com"
         assert not p1["leased"]
 
@@ -476,7 +476,7 @@ def test_a_grant_the_store_cannot_record_is_not_made(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailable):
             await w.book.grant("c", ttl=None, selector=ANY, host=None)
         w.store.write = real_write  # type: ignore[method-assign]
-        assert not w.book.proxies_json()[0]["leased"]
+        assert not (await w.book.proxies_json())[0]["leased"]
         assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
 
     run(tmp_path, simple_fleet(1), scenario)

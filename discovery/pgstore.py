@@ -1,0 +1,477 @@
+"""The shared lease store: PostgreSQL, for several service replicas at once.
+
+Unlike the SQLite store (one service, state in memory, the file a durable
+log), the database here *is* the state: every grant, renewal, report and
+release is one transaction, so any replica can serve any lease. Time is the
+database's (`now()`), never a replica's clock.
+
+Exclusivity: a grant locks the proxy's row it picks (`FOR UPDATE SKIP
+LOCKED`: concurrent grants on other replicas skip it and take another) and
+the lease table's `UNIQUE (proxy)` backs that up. Schema changes run under a
+transaction-scoped advisory lock, so replicas starting together migrate once.
+
+Every database failure becomes StoreError (the API answers 503 with
+Retry-After); the pool reconnects by itself once the server is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import tuple_row
+
+from discovery.database import PostgresUrl
+from discovery.fleet import FleetProxy
+from discovery.leases import Candidate
+from discovery.logs import event
+from discovery.store import StoreError
+
+log = logging.getLogger("discovery.pgstore")
+
+SCHEMA_VERSION = 1
+MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
+LEADER_LOCK = 0x6567_7265_7374  # held by the replica that runs the health probes
+GRANT_ATTEMPTS = 8
+POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
+EVERYWHERE = "*"
+
+# Index i holds the statements that bring the schema from version i to i + 1.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE discovery_proxies (
+            name          text PRIMARY KEY,
+            provider      text NOT NULL,
+            zone          text,
+            labels        jsonb NOT NULL DEFAULT '{}',
+            health        text NOT NULL DEFAULT 'unknown',
+            latency_ms    double precision,
+            last_error    text,
+            last_used     timestamptz,
+            error_report  text,                      -- a crawler's `error`, for the prober
+            reported_at   timestamptz
+        )""",
+        """CREATE TABLE discovery_leases (
+            id          text PRIMARY KEY,
+            proxy       text NOT NULL UNIQUE REFERENCES discovery_proxies ON DELETE CASCADE,
+            holder      text NOT NULL,
+            target      text,
+            ttl         double precision NOT NULL,
+            granted_at  timestamptz NOT NULL,
+            expires_at  timestamptz NOT NULL
+        )""",
+        "CREATE INDEX discovery_leases_expires ON discovery_leases (expires_at)",
+        """CREATE TABLE discovery_cooldowns (
+            proxy   text NOT NULL REFERENCES discovery_proxies ON DELETE CASCADE,
+            target  text NOT NULL,                 -- a host name, or '*' for every target
+            until   timestamptz NOT NULL,
+            PRIMARY KEY (proxy, target)
+        )""",
+        """CREATE TABLE discovery_reports (
+            seq       bigserial PRIMARY KEY,
+            at        timestamptz NOT NULL,
+            lease_id  text NOT NULL,
+            proxy     text NOT NULL,
+            holder    text NOT NULL,
+            outcome   text NOT NULL CHECK (outcome IN ('ok', 'blocked', 'error')),
+            target    text
+        )""",
+        "CREATE INDEX discovery_reports_at ON discovery_reports (at)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    id: str
+    proxy: str
+    holder: str
+    target: str | None
+    ttl: float
+    granted_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    name: str
+    health: str
+    latency_ms: float | None
+    last_error: str | None
+    leased: bool
+    cooldowns: tuple[tuple[str, float], ...]  # (target, until)
+
+
+def _scopes(host: str | None) -> list[str]:
+    """The cooldown targets that keep a proxy from `host`."""
+    return [EVERYWHERE, host] if host else [EVERYWHERE]
+
+
+def _lease(row: Sequence[Any]) -> LeaseRow:
+    return LeaseRow(row[0], row[1], row[2], row[3], float(row[4]), float(row[5]), float(row[6]))
+
+
+_LEASE_COLUMNS = """id, proxy, holder, target, ttl,
+    extract(epoch from granted_at)::float8, extract(epoch from expires_at)::float8"""
+
+
+# The least recently used eligible proxy among %(names)s, locked; rows another
+# grant holds locked are skipped (it is taking them).
+_PICK = """SELECT p.name FROM discovery_proxies p
+    WHERE p.name = ANY(%(names)s) AND p.health = 'healthy'
+      AND NOT EXISTS (SELECT 1 FROM discovery_leases l
+                      WHERE l.proxy = p.name AND l.expires_at > now())
+      AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
+                      WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s) AND c.until > now())
+    ORDER BY p.last_used ASC NULLS FIRST, p.name
+    LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
+
+# An expired lease of the proxy may still be there: replaced in place; a live
+# one is never touched (no row comes back).
+_INSERT = f"""INSERT INTO discovery_leases (id, proxy, holder, target, ttl, granted_at, expires_at)
+    VALUES (%s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s))
+    ON CONFLICT (proxy) DO UPDATE SET id = excluded.id, holder = excluded.holder,
+        target = excluded.target, ttl = excluded.ttl, granted_at = excluded.granted_at,
+        expires_at = excluded.expires_at
+    WHERE discovery_leases.expires_at <= now()
+    RETURNING {_LEASE_COLUMNS}"""
+
+
+class PgStore:
+    def __init__(self, database: PostgresUrl, *, max_size: int = 10) -> None:
+        self.database = database
+        self._pool = psycopg_pool.AsyncConnectionPool(
+            database.url,
+            min_size=1,
+            max_size=max_size,
+            timeout=POOL_TIMEOUT_S,
+            open=False,
+            kwargs={"autocommit": True, "row_factory": tuple_row},
+            name="discovery",
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Connects once and brings the schema up to date, before the server
+        starts (a plain connection: the pool lives on the server's loop);
+        StoreError naming the database when it cannot."""
+        try:
+            with psycopg.connect(self.database.url, connect_timeout=10) as conn:
+                version = _migrate(conn)
+        except psycopg.Error as error:
+            raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
+        except StoreError as error:
+            raise StoreError(f"{self.database.shown}: {error}") from None
+        if version != SCHEMA_VERSION:
+            event(log, logging.INFO, "schema migrated", old=version, new=SCHEMA_VERSION)
+
+    async def open(self) -> None:
+        """Opens the connection pool (on the running loop)."""
+        try:
+            await self._pool.open(wait=True, timeout=10.0)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as error:
+            await self._pool.close()
+            raise StoreError(f"{self.database.shown}: cannot connect: {_reason(error)}") from None
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection in a transaction; any database failure is a StoreError."""
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as error:
+            raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
+
+    # -- the fleet -------------------------------------------------------------------------
+
+    async def sync_fleet(self, proxies: Iterable[FleetProxy], removed: Sequence[str]) -> int:
+        """Adds or updates the fleet's proxies, drops `removed` with their leases
+        and cooldowns; returns how many live leases that ended."""
+        rows = [(p.name, p.provider, p.zone, json.dumps(dict(p.labels))) for p in proxies]
+        async with self.transaction() as conn:
+            revoked = 0
+            if removed:
+                cur = await conn.execute(
+                    "DELETE FROM discovery_leases WHERE proxy = ANY(%s) AND expires_at > now()",
+                    (list(removed),),
+                )
+                revoked = cur.rowcount
+                await conn.execute(
+                    "DELETE FROM discovery_proxies WHERE name = ANY(%s)", (list(removed),)
+                )
+            if rows:
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        """INSERT INTO discovery_proxies (name, provider, zone, labels)
+                           VALUES (%s, %s, %s, %s::jsonb)
+                           ON CONFLICT (name) DO UPDATE SET provider = excluded.provider,
+                               zone = excluded.zone, labels = excluded.labels""",
+                        rows,
+                    )
+            return revoked
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def grant(
+        self, lease_id: str, holder: str, ttl: float, host: str | None, names: Sequence[str]
+    ) -> LeaseRow | None:
+        """Leases the least recently used eligible proxy among `names` (those
+        of the replica's fleet its selector matches); None when none is
+        eligible right now."""
+        params: dict[str, Any] = {"names": list(names), "scopes": _scopes(host)}
+        async with self.transaction() as conn:
+            for _ in range(GRANT_ATTEMPTS):
+                row = await (await conn.execute(_PICK, params)).fetchone()
+                if row is None:
+                    return None
+                # A grant committed on another replica after this statement's
+                # snapshot can leave its proxy looking free here; the unique
+                # proxy then refuses the insert, and the next pick (a new
+                # snapshot) sees that lease.
+                inserted = await (
+                    await conn.execute(_INSERT, (lease_id, row[0], holder, host, ttl, ttl))
+                ).fetchone()
+                if inserted is not None:
+                    await conn.execute(
+                        "UPDATE discovery_proxies SET last_used = now() WHERE name = %s", (row[0],)
+                    )
+                    return _lease(inserted)
+            raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
+
+    async def renew(self, lease_id: str, ttl: float | None, max_ttl: float) -> LeaseRow | None:
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                f"""UPDATE discovery_leases
+                    SET ttl = LEAST(COALESCE(%s, ttl), %s),
+                        expires_at = now() + make_interval(secs => LEAST(COALESCE(%s, ttl), %s))
+                    WHERE id = %s AND expires_at > now()
+                    RETURNING {_LEASE_COLUMNS}""",
+                (ttl, max_ttl, ttl, max_ttl, lease_id),
+            )
+            row = await cur.fetchone()
+            return _lease(row) if row else None
+
+    async def live_lease(self, lease_id: str) -> LeaseRow | None:
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM discovery_leases "
+                "WHERE id = %s AND expires_at > now()",
+                (lease_id,),
+            )
+            row = await cur.fetchone()
+            return _lease(row) if row else None
+
+    async def report(
+        self, lease_id: str, outcome: str, host: str | None, cooldown: float
+    ) -> tuple[LeaseRow, float | None] | None:
+        """Records a report on a live lease; `blocked` starts a cooldown (for
+        `host`, else everywhere) and returns when it ends. None: no such lease."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM discovery_leases "
+                "WHERE id = %s AND expires_at > now()",
+                (lease_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            lease = _lease(row)
+            await conn.execute(
+                """INSERT INTO discovery_reports (at, lease_id, proxy, holder, outcome, target)
+                   VALUES (now(), %s, %s, %s, %s, %s)""",
+                (lease.id, lease.proxy, lease.holder, outcome, host),
+            )
+            until = None
+            if outcome == "blocked" and cooldown > 0:
+                cur = await conn.execute(
+                    """INSERT INTO discovery_cooldowns (proxy, target, until)
+                       VALUES (%s, %s, now() + make_interval(secs => %s))
+                       ON CONFLICT (proxy, target)
+                       DO UPDATE SET until = GREATEST(discovery_cooldowns.until, excluded.until)
+                       RETURNING extract(epoch from until)::float8""",
+                    (lease.proxy, host or EVERYWHERE, cooldown),
+                )
+                ended = await cur.fetchone()
+                until = float(ended[0]) if ended else None
+            elif outcome == "error":
+                await conn.execute(
+                    """UPDATE discovery_proxies SET error_report = %s, reported_at = now()
+                       WHERE name = %s""",
+                    (f"a crawler reported an error{' for ' + host if host else ''}", lease.proxy),
+                )
+            return lease, until
+
+    async def release(self, lease_id: str) -> str | None:
+        """Ends a live lease; its proxy's name, or None when there was none."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                "DELETE FROM discovery_leases WHERE id = %s AND expires_at > now() RETURNING proxy",
+                (lease_id,),
+            )
+            row = await cur.fetchone()
+            return str(row[0]) if row else None
+
+    async def expire(self) -> int:
+        """Removes leases past their time (grants already ignore them)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute("DELETE FROM discovery_leases WHERE expires_at <= now()")
+            return cur.rowcount
+
+    async def prune(self, report_retention: float) -> None:
+        async with self.transaction() as conn:
+            await conn.execute("DELETE FROM discovery_cooldowns WHERE until <= now()")
+            await conn.execute(
+                "DELETE FROM discovery_reports WHERE at < now() - make_interval(secs => %s)",
+                (report_retention,),
+            )
+
+    # -- views -----------------------------------------------------------------------------
+
+    async def candidates(
+        self, names: Sequence[str], host: str | None
+    ) -> tuple[float, list[Candidate]]:
+        """The database's time and the state of each of `names`, for a 409."""
+        params = {"names": list(names), "scopes": _scopes(host)}
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                """SELECT extract(epoch from now())::float8, p.name, p.health = 'healthy',
+                        extract(epoch from l.expires_at)::float8,
+                        (SELECT extract(epoch from max(c.until))::float8
+                           FROM discovery_cooldowns c
+                          WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
+                            AND c.until > now())
+                    FROM discovery_proxies p
+                    LEFT JOIN discovery_leases l
+                      ON l.proxy = p.name AND l.expires_at > now()
+                    WHERE p.name = ANY(%(names)s)""",
+                params,
+            )
+            rows = await cur.fetchall()
+        if not rows:
+            async with self.transaction() as conn:
+                now_row = await (
+                    await conn.execute("SELECT extract(epoch from now())::float8")
+                ).fetchone()
+            return float(now_row[0]) if now_row else 0.0, []
+        now = float(rows[0][0])
+        return now, [Candidate(r[1], bool(r[2]), r[3], r[4]) for r in rows]
+
+    async def proxies(self) -> tuple[float, dict[str, ProxyRow]]:
+        """Every proxy with health, lease and live cooldowns (one transaction)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                """SELECT extract(epoch from now())::float8, p.name, p.health, p.latency_ms,
+                          p.last_error, l.proxy IS NOT NULL
+                   FROM discovery_proxies p
+                   LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > now()"""
+            )
+            rows = await cur.fetchall()
+            cur = await conn.execute(
+                """SELECT proxy, target, extract(epoch from until)::float8
+                   FROM discovery_cooldowns WHERE until > now() ORDER BY until, target"""
+            )
+            cooldowns = await cur.fetchall()
+        now = float(rows[0][0]) if rows else 0.0
+        by_proxy: dict[str, list[tuple[str, float]]] = {}
+        for proxy, target, until in cooldowns:
+            by_proxy.setdefault(proxy, []).append((target, float(until)))
+        return now, {
+            r[1]: ProxyRow(r[1], r[2], r[3], r[4], bool(r[5]), tuple(by_proxy.get(r[1], ())))
+            for r in rows
+        }
+
+    async def counts(self) -> tuple[int, int]:
+        """(live leases, live cooldowns)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                """SELECT (SELECT count(*) FROM discovery_leases WHERE expires_at > now()),
+                          (SELECT count(*) FROM discovery_cooldowns WHERE until > now())"""
+            )
+            row = await cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    # -- health, written by the leader -----------------------------------------------------
+
+    async def write_health(self, rows: Sequence[tuple[str, str, float | None, str | None]]) -> None:
+        """(name, health, latency ms, last error) per proxy whose view changed."""
+        if not rows:
+            return
+        async with self.transaction() as conn:
+            await conn.execute(
+                """UPDATE discovery_proxies p
+                   SET health = h.health, latency_ms = h.latency, last_error = h.error
+                   FROM unnest(%s::text[], %s::text[], %s::float8[], %s::text[])
+                        AS h(name, health, latency, error)
+                   WHERE p.name = h.name""",
+                (
+                    [r[0] for r in rows],
+                    [r[1] for r in rows],
+                    [r[2] for r in rows],
+                    [r[3] for r in rows],
+                ),
+            )
+
+    async def take_error_reports(self) -> list[tuple[str, str]]:
+        """Crawler `error` reports not yet handed to the prober (and clears them)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                """WITH taken AS (
+                       SELECT name, error_report FROM discovery_proxies
+                       WHERE error_report IS NOT NULL FOR UPDATE)
+                   UPDATE discovery_proxies p SET error_report = NULL, reported_at = NULL
+                   FROM taken WHERE p.name = taken.name
+                   RETURNING taken.name, taken.error_report"""
+            )
+            return [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def connect_alone(self) -> psycopg.AsyncConnection[Any]:
+        """A connection outside the pool (the leader's lock lives as long as it)."""
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.database.url, autocommit=True, connect_timeout=5
+            )
+        except psycopg.Error as error:
+            raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
+
+
+def _migrate(conn: psycopg.Connection[Any]) -> int:
+    """Applies the migrations this schema lacks, under a lock every replica
+    takes first; returns the version found."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute("CREATE TABLE IF NOT EXISTS discovery_schema (version integer NOT NULL)")
+        row = conn.execute("SELECT version FROM discovery_schema").fetchone()
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"schema version {version} is newer than this service knows "
+                f"({SCHEMA_VERSION}); run the newer service"
+            )
+        for statements in _MIGRATIONS[version:]:
+            for statement in statements:
+                conn.execute(statement)
+        if row is None:
+            conn.execute("INSERT INTO discovery_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        elif version != SCHEMA_VERSION:
+            conn.execute("UPDATE discovery_schema SET version = %s", (SCHEMA_VERSION,))
+    return version
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+__all__ = ["LEADER_LOCK", "LeaseRow", "PgStore", "ProxyRow"]
