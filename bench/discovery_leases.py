@@ -11,7 +11,12 @@ process, pinned to another CPU: --clients concurrent clients, each on its own
 keep-alive connection, each looping POST /v1/leases then DELETE
 /v1/leases/{id} (one pair) for --seconds after a warm-up. The /healthz phase
 runs the same clients doing two GETs per loop: the framework's ceiling for a
-"pair" of requests on this machine.
+"pair" of requests on this machine. Then an open-loop phase offers a fixed
+rate (half the measured grant+release rate unless --rate says otherwise) and
+reports its latency; then the lease book alone ("no HTTP"); then, unless
+--no-postgres, grant+release against one and against two replicas sharing a
+private PostgreSQL (scripts/postgres, a free port, removed afterwards).
+The last lines print the goals' figures as ratios within this run.
 
 The client is a small HTTP/1.1 client on asyncio's protocol layer: httpx
 would need more CPU per request than the server and measure itself.
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+OPEN_LOOP_SHARE = 0.5  # the open-loop phase offers this share of the measured capacity
 
 
 # -- the server side (a subprocess: python -m bench.discovery_leases --serve ...) ----------
@@ -74,17 +80,20 @@ class _AlwaysHealthy:
         return self._states[name]
 
 
-def serve(fleet: Path, db: Path, port: int, cpu: int | None, profile: Path | None = None) -> int:
+def serve(fleet: Path, db: str, port: int, cpu: int | None, profile: Path | None = None) -> int:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})  # threads started from here inherit it
     from discovery import logs
     from discovery.cli import run_server
-    from discovery.service import Service
+    from discovery.database import parse_database
+    from discovery.service import make_service
     from discovery.settings import Settings
 
     logs.configure()
-    settings = Settings(listen_host="127.0.0.1", listen_port=port, db=db, fleet_file=fleet)
-    service = Service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
+    settings = Settings(
+        listen_host="127.0.0.1", listen_port=port, db=parse_database(db), fleet_file=fleet
+    )
+    service = make_service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
     service.open()
     if profile is None:
         return run_server(service)
@@ -296,23 +305,25 @@ def _thread_cpu(pid: int) -> dict[str, float]:
 
 async def _phase(
     name: str,
-    port: int,
+    ports: list[int],
     clients: int,
     seconds: float,
     warmup: float,
-    server_pid: int,
+    server_pids: list[int],
     leases: bool,
     rate: float | None = None,
 ) -> PhaseResult:
     """`rate`: pairs per second offered in all (each client paced at rate/clients,
-    open loop); None: every client starts its next pair as soon as one ends."""
+    open loop); None: every client starts its next pair as soon as one ends.
+    Clients are spread over `ports` (one server each) round-robin."""
     loop = asyncio.get_running_loop()
 
-    async def connect() -> _Connection:
+    async def connect(index: int) -> _Connection:
+        port = ports[index % len(ports)]
         _, conn = await loop.create_connection(_Connection, "127.0.0.1", port)
         return conn
 
-    connections = [await connect() for _ in range(clients)]
+    connections = [await connect(i) for i in range(clients)]
     pair_ms: list[float] = []
     request_ms: list[float] = []
     errors: dict[str, int] = {}
@@ -348,7 +359,7 @@ async def _phase(
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 due += period
             if conn.closed:
-                conn = await connect()
+                conn = await connect(index)
                 connections.append(conn)
             t0 = time.perf_counter()
             if t0 >= end:
@@ -373,15 +384,22 @@ async def _phase(
     await asyncio.sleep(0)
     threads_before: dict[str, float] = {}
 
+    def all_threads() -> dict[str, float]:
+        total: dict[str, float] = {}
+        for pid in server_pids:
+            for thread, cpu in _thread_cpu(pid).items():
+                total[thread] = total.get(thread, 0.0) + cpu
+        return total
+
     async def sample_cpu() -> None:
         nonlocal threads_before
         await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
-        threads_before = _thread_cpu(server_pid)
+        threads_before = all_threads()
 
     sampler = loop.create_task(sample_cpu())
     await asyncio.gather(*(client(c, i) for i, c in enumerate(connections)))
     await sampler
-    threads_after = _thread_cpu(server_pid)
+    threads_after = all_threads()
     threads = {k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()}
     cpu = sum(threads.values()) / seconds
     for conn in connections:
@@ -427,17 +445,21 @@ async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[Pha
     results = []
     for name, leases in (("healthz x2", False), ("grant+release", True)):
         results.append(
-            await _phase(name, port, args.clients, args.seconds, args.warmup, server_pid, leases)
+            await _phase(
+                name, [port], args.clients, args.seconds, args.warmup, [server_pid], leases
+            )
         )
-    for rate in args.rate or []:
+    # Open loop: a fixed offered rate, by default half of what was just measured.
+    rates = args.rate or [round(results[1].pairs_per_s * OPEN_LOOP_SHARE)]
+    for rate in rates:
         results.append(
             await _phase(
                 f"paced {rate:.0f}/s",
-                port,
+                [port],
                 args.clients,
                 args.seconds,
                 args.warmup,
-                server_pid,
+                [server_pid],
                 True,
                 rate,
             )
@@ -453,6 +475,102 @@ async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[Pha
     return results
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_server(
+    fleet: Path, db: str, log: Path, cpu: int | None, profile: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    command = [sys.executable, "-m", "bench.discovery_leases", "--serve"]
+    command += ["--fleet", str(fleet), "--db", db, "--port", str(port)]
+    if cpu is not None:
+        command += ["--server-cpu", str(cpu)]
+    if profile is not None:
+        command += ["--profile", str(profile.resolve())]
+    with log.open("ab") as out:
+        server = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=out)
+    _wait_ready(port, server)
+    return server, port
+
+
+def _stop(servers: list[subprocess.Popen[bytes]]) -> None:
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.wait(timeout=30)
+
+
+async def _first_grant(ports: list[int]) -> None:
+    """Waits until each server grants (on PostgreSQL the leader's first health
+    flush must have landed), then gives the lease back."""
+    loop = asyncio.get_running_loop()
+    for port in ports:
+        _, conn = await loop.create_connection(_Connection, "127.0.0.1", port)
+        deadline = time.monotonic() + 30
+        while True:
+            status, body = await conn.request(_post("/v1/leases", b'{"holder": "warm"}'))
+            if status == 201:
+                await conn.request(_plain("DELETE", f"/v1/leases/{json.loads(body)['id']}"))
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no grant from the server on port {port}: {status} {body!r}")
+            await asyncio.sleep(0.2)
+        assert conn.transport is not None
+        conn.transport.close()
+
+
+def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[PhaseResult]:
+    """grant+release with one replica, then two, on one PostgreSQL (a private
+    server of scripts/postgres on a free port, removed afterwards). Nothing is
+    pinned: replicas, PostgreSQL and the clients share the machine's CPUs."""
+    port = _free_port()
+    script = ROOT / "scripts" / "postgres"
+    started = subprocess.run(
+        [str(script), "start", "--port", str(port)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    url = started.stdout.strip().splitlines()[-1]
+    results = []
+    servers: list[subprocess.Popen[bytes]] = []
+    servers_ports: list[int] = []
+    try:
+        for count in (1, 2):
+            while len(servers) < count:
+                server, server_port = _start_server(
+                    fleet, url, tmp / f"replica{len(servers)}.log", None
+                )
+                servers.append(server)
+                servers_ports.append(server_port)
+            ports = servers_ports[:count]
+            asyncio.run(_first_grant(ports))
+            results.append(
+                asyncio.run(
+                    _phase(
+                        f"pg {count} replica" + ("s" if count > 1 else ""),
+                        ports,
+                        args.clients,
+                        args.seconds,
+                        args.warmup,
+                        [s.pid for s in servers[:count]],
+                        True,
+                    )
+                )
+            )
+    finally:
+        _stop(servers)
+        subprocess.run([str(script), "remove", "--port", str(port)], cwd=ROOT, check=False)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -464,7 +582,11 @@ def main() -> None:
         type=float,
         action="append",
         metavar="PAIRS_PER_S",
-        help="also measure grant+release latency at this offered rate (open loop; repeatable)",
+        help="the open-loop phase's offered rate (repeatable; default: half the measured "
+        "grant+release rate)",
+    )
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="skip the PostgreSQL replica phases"
     )
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)
@@ -477,13 +599,15 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--book", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fleet", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         sys.exit(serve(args.fleet, args.db, args.port, args.server_cpu, args.profile))
     if args.book:
-        book_only(args.fleet, args.db, args.clients, args.seconds, args.warmup, args.server_cpu)
+        book_only(
+            args.fleet, Path(args.db), args.clients, args.seconds, args.warmup, args.server_cpu
+        )
         return
 
     if args.clients > args.proxies:
@@ -492,24 +616,18 @@ def main() -> None:
     pinned = (
         args.server_cpu in cpus and args.client_cpu in cpus and args.server_cpu != args.client_cpu
     )
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="discovery-bench-") as tmp:
-        fleet, db = Path(tmp) / "fleet.json", Path(tmp) / "leases.db"
+    with tempfile.TemporaryDirectory(prefix="discovery-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        fleet, db = tmp / "fleet.json", tmp / "leases.db"
         _fleet(fleet, args.proxies)
-        command = [sys.executable, "-m", "bench.discovery_leases", "--serve"]
-        command += ["--fleet", str(fleet), "--db", str(db), "--port", str(port)]
-        if pinned:
-            command += ["--server-cpu", str(args.server_cpu)]
-        if args.profile:
-            command += ["--profile", str(args.profile.resolve())]
-        log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115  (closed below)
-        server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+        server, port = _start_server(
+            fleet,
+            str(db),
+            tmp / "server.log",
+            args.server_cpu if pinned else None,
+            args.profile,
+        )
         try:
-            _wait_ready(port, server)
             if pinned:
                 os.sched_setaffinity(0, {args.client_cpu})
             _use_uvloop()
@@ -524,11 +642,10 @@ def main() -> None:
             )
             results = asyncio.run(_run(args, port, server.pid))
         finally:
-            server.terminate()
-            server.wait(timeout=30)
-            log.close()
+            _stop([server])
+            os.sched_setaffinity(0, cpus)
         # The lease logic and the durable store alone, on the server's CPU.
-        book_db = Path(tmp) / "book.db"
+        book_db = tmp / "book.db"
         command = [sys.executable, "-m", "bench.discovery_leases", "--book"]
         command += ["--fleet", str(fleet), "--db", str(book_db), "--clients", str(args.clients)]
         command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
@@ -542,6 +659,8 @@ def main() -> None:
                 "no HTTP", book["pairs"], args.seconds, book["pair_ms"], [], {}, book["cpu"], {}
             ),
         )
+        if not args.no_postgres:
+            results += _postgres_phases(args, fleet, tmp)
     for result in results:
         print(result.line())
         busy = {n: c for n, c in sorted(result.threads.items()) if c > 0}
@@ -554,11 +673,26 @@ def main() -> None:
         import pstats
 
         pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(25)
-    ceiling, leases = results[:2]
-    print(
-        f"grant+release reaches {leases.pairs_per_s / ceiling.pairs_per_s:.0%} of the /healthz ceiling"
-    )
+    _print_ratios(results)
     print(json.dumps([r.summary() for r in results]))
+
+
+def _print_ratios(results: list[PhaseResult]) -> None:
+    """The figures the goals are stated in, as ratios within this run."""
+    by_name = {r.name: r for r in results}
+    ceiling, leases = by_name["healthz x2"], by_name["grant+release"]
+    ratio = leases.pairs_per_s / ceiling.pairs_per_s
+    print(f"SQLite: grant+release at {ratio:.0%} of the /healthz ceiling (goal >= 70%)")
+    for result in results:
+        if result.name.startswith("paced"):
+            p99 = result.summary()["pair_p99_ms"]
+            print(f"open loop {result.name[6:]}: pair p99 {p99} ms (goal < 10 ms)")
+    one, two = by_name.get("pg 1 replica"), by_name.get("pg 2 replicas")
+    if one is not None and two is not None:
+        print(
+            f"PostgreSQL: 2 replicas at {two.pairs_per_s / one.pairs_per_s:.2f}x one replica "
+            "(goal >= 1.6x)"
+        )
 
 
 def _use_uvloop() -> None:

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from pydantic_core import to_json
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,13 +29,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from discovery.hotpath import BadInput, HotPath
 from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUnavailable
 from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
 from discovery.openapi import openapi_document
-from discovery.schemas import LeaseRequest, RenewRequest, ReportRequest
-from discovery.selection import Selector
 from discovery.service import Service
-from discovery.targets import host_of
 
 log = logging.getLogger("discovery.http")
 
@@ -50,10 +48,6 @@ _STATUS_CODES = {
 }
 
 
-class BadInput(Exception):
-    pass
-
-
 def json_response(
     content: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
@@ -66,71 +60,14 @@ def error(
     return json_response({"error": code, "detail": detail}, status, headers)
 
 
-def _describe(exc: ValidationError) -> str:
-    # Locations and messages only: inputs are echoed nowhere.
-    problems = []
-    for item in exc.errors(include_input=False, include_url=False)[:10]:
-        where = ".".join(str(p) for p in item["loc"]) or "body"
-        problems.append(f"{where}: {item['msg']}")
-    return "; ".join(problems)
-
-
-async def _parse(request: Request, model: type[M], *, optional: bool = False) -> M:
-    raw = await request.body()
-    if optional and not raw.strip():
-        return model()
-    if not raw.strip():
-        raise BadInput("a JSON body is required")
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise BadInput(_describe(exc)) from None
-
-
-def _host(target: str | None) -> str | None:
-    if target is None:
-        return None
-    try:
-        return host_of(target)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-
-
 def create_app(service: Service) -> ASGIApp:
     """The ASGI app: the routes, wrapped in request metrics, bearer auth and a body size limit."""
 
     def book() -> LeaseBook:  # exists once the lifespan has started the service
         return service.book
 
-    async def grant(request: Request) -> Response:
-        body = await _parse(request, LeaseRequest)
-        selector = Selector()
-        if body.selector is not None:
-            selector = Selector(body.selector.provider, body.selector.zone, body.selector.labels)
-        lease = await book().grant(
-            body.holder, ttl=body.ttl_seconds, selector=selector, host=_host(body.target)
-        )
-        return json_response(book().lease_json(lease), 201)
-
-    async def renew(request: Request) -> Response:
-        body = await _parse(request, RenewRequest, optional=True)
-        lease = await book().renew(request.path_params["lease_id"], ttl=body.ttl_seconds)
-        return json_response(book().lease_json(lease))
-
-    async def report(request: Request) -> Response:
-        body = await _parse(request, ReportRequest)
-        await book().report(request.path_params["lease_id"], body.outcome, host=_host(body.target))
-        return Response(status_code=204)
-
-    async def release(request: Request) -> Response:
-        await book().release(request.path_params["lease_id"])
-        return Response(status_code=204)
-
     async def proxies(request: Request) -> Response:
         return json_response({"proxies": await book().proxies_json()})
-
-    async def healthz(request: Request) -> Response:
-        return json_response({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
         if not service.ready:
@@ -181,12 +118,7 @@ def create_app(service: Service) -> ASGIApp:
 
     app = Starlette(
         routes=[
-            Route("/v1/leases", grant, methods=["POST"]),
-            Route("/v1/leases/{lease_id}/renew", renew, methods=["POST"]),
-            Route("/v1/leases/{lease_id}/report", report, methods=["POST"]),
-            Route("/v1/leases/{lease_id}", release, methods=["DELETE"]),
             Route("/v1/proxies", proxies, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
@@ -201,6 +133,8 @@ def create_app(service: Service) -> ASGIApp:
         },
         lifespan=lifespan,
     )
+    # The lease routes and /healthz are answered by HotPath (hotpath.py) before Starlette.
     return RequestMetrics(
-        BearerAuth(BodyLimit(app), service.settings.token), service.metrics.request_seconds
+        BearerAuth(BodyLimit(HotPath(app, book)), service.settings.token),
+        service.metrics.request_seconds,
     )

@@ -31,6 +31,7 @@ from discovery.database import PostgresUrl
 from discovery.fleet import FleetProxy
 from discovery.leases import Candidate
 from discovery.logs import event
+from discovery.selection import Selector
 from discovery.store import StoreError
 
 log = logging.getLogger("discovery.pgstore")
@@ -54,9 +55,14 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             latency_ms    double precision,
             last_error    text,
             last_used     timestamptz,
+            lease_expires timestamptz,               -- the live lease's end (NULL: free)
             error_report  text,                      -- a crawler's `error`, for the prober
             reported_at   timestamptz
         )""",
+        # Grants walk proxies least recently used first and stop at the first
+        # eligible one: without this index each grant sorts the whole fleet.
+        """CREATE INDEX discovery_proxies_lru
+            ON discovery_proxies (last_used ASC NULLS FIRST, name)""",
         """CREATE TABLE discovery_leases (
             id          text PRIMARY KEY,
             proxy       text NOT NULL UNIQUE REFERENCES discovery_proxies ON DELETE CASCADE,
@@ -121,26 +127,59 @@ _LEASE_COLUMNS = """id, proxy, holder, target, ttl,
     extract(epoch from granted_at)::float8, extract(epoch from expires_at)::float8"""
 
 
-# The least recently used eligible proxy among %(names)s, locked; rows another
-# grant holds locked are skipped (it is taking them).
-_PICK = """SELECT p.name FROM discovery_proxies p
-    WHERE p.name = ANY(%(names)s) AND p.health = 'healthy'
-      AND NOT EXISTS (SELECT 1 FROM discovery_leases l
-                      WHERE l.proxy = p.name AND l.expires_at > now())
-      AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
-                      WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s) AND c.until > now())
-    ORDER BY p.last_used ASC NULLS FIRST, p.name
-    LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
+# The selector over discovery_proxies p: %(provider)s, %(zone)s, %(labels)s.
+_SELECTED = """(%(provider)s::text IS NULL OR p.provider = %(provider)s)
+      AND (%(zone)s::text IS NULL OR p.zone = %(zone)s)
+      AND p.labels @> %(labels)s::jsonb"""
 
-# An expired lease of the proxy may still be there: replaced in place; a live
-# one is never touched (no row comes back).
-_INSERT = f"""INSERT INTO discovery_leases (id, proxy, holder, target, ttl, granted_at, expires_at)
-    VALUES (%s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s))
+# One round trip: the least recently used eligible proxy, locked (rows another
+# grant holds are skipped: it is taking them), marked used and leased. Whether
+# a proxy is free is a column of its own row (lease_expires), not a lookup in
+# the lease table: a row another grant just took comes back to this one's lock
+# as its new version, and PostgreSQL checks the condition again on that, so a
+# proxy leased meanwhile is passed over instead of picked. An expired lease of
+# it may still be in the lease table: replaced in place; a live one is never
+# touched (then no row comes back, see grant()).
+_GRANT = f"""WITH picked AS (
+        SELECT p.name FROM discovery_proxies p
+        WHERE p.health = 'healthy' AND {_SELECTED}
+          AND (p.lease_expires IS NULL OR p.lease_expires <= now())
+          AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
+                          WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
+                            AND c.until > now())
+        ORDER BY p.last_used ASC NULLS FIRST, p.name
+        LIMIT 1 FOR UPDATE OF p SKIP LOCKED),
+    used AS (
+        UPDATE discovery_proxies p
+        SET last_used = now(), lease_expires = now() + make_interval(secs => %(ttl)s)
+        FROM picked WHERE p.name = picked.name RETURNING p.name)
+    INSERT INTO discovery_leases (id, proxy, holder, target, ttl, granted_at, expires_at)
+    SELECT %(id)s, used.name, %(holder)s, %(target)s, %(ttl)s, now(),
+           now() + make_interval(secs => %(ttl)s)
+    FROM used
     ON CONFLICT (proxy) DO UPDATE SET id = excluded.id, holder = excluded.holder,
         target = excluded.target, ttl = excluded.ttl, granted_at = excluded.granted_at,
         expires_at = excluded.expires_at
     WHERE discovery_leases.expires_at <= now()
     RETURNING {_LEASE_COLUMNS}"""
+
+# An eligible proxy no other grant holds right now, locked for this one.
+_ONE_FREE = f"""SELECT p.name FROM discovery_proxies p
+    WHERE p.health = 'healthy' AND {_SELECTED}
+      AND (p.lease_expires IS NULL OR p.lease_expires <= now())
+      AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
+                      WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
+                        AND c.until > now())
+    LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
+
+
+def _selector_params(selector: Selector, host: str | None) -> dict[str, Any]:
+    return {
+        "provider": selector.provider,
+        "zone": selector.zone,
+        "labels": json.dumps(dict(selector.labels or {})),
+        "scopes": _scopes(host),
+    }
 
 
 class PgStore:
@@ -223,30 +262,28 @@ class PgStore:
     # -- leases ----------------------------------------------------------------------------
 
     async def grant(
-        self, lease_id: str, holder: str, ttl: float, host: str | None, names: Sequence[str]
+        self, lease_id: str, holder: str, ttl: float, host: str | None, selector: Selector
     ) -> LeaseRow | None:
-        """Leases the least recently used eligible proxy among `names` (those
-        of the replica's fleet its selector matches); None when none is
-        eligible right now."""
-        params: dict[str, Any] = {"names": list(names), "scopes": _scopes(host)}
+        """Leases the least recently used eligible proxy the selector matches;
+        None when none is eligible right now."""
+        params = _selector_params(selector, host) | {
+            "id": lease_id,
+            "holder": holder,
+            "target": host,
+            "ttl": ttl,
+        }
         async with self.transaction() as conn:
             for _ in range(GRANT_ATTEMPTS):
-                row = await (await conn.execute(_PICK, params)).fetchone()
-                if row is None:
+                row = await (await conn.execute(_GRANT, params)).fetchone()
+                if row is not None:
+                    return _lease(row)
+                # Nothing picked: every eligible proxy was being taken by other
+                # grants (skipped), or there is none. One that is free and no
+                # longer held by another grant is locked for this one now, and
+                # the next pick (a new snapshot) takes it or a better one.
+                if await (await conn.execute(_ONE_FREE, params)).fetchone() is None:
                     return None
-                # A grant committed on another replica after this statement's
-                # snapshot can leave its proxy looking free here; the unique
-                # proxy then refuses the insert, and the next pick (a new
-                # snapshot) sees that lease.
-                inserted = await (
-                    await conn.execute(_INSERT, (lease_id, row[0], holder, host, ttl, ttl))
-                ).fetchone()
-                if inserted is not None:
-                    await conn.execute(
-                        "UPDATE discovery_proxies SET last_used = now() WHERE name = %s", (row[0],)
-                    )
-                    return _lease(inserted)
-            raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
+        raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
 
     async def renew(self, lease_id: str, ttl: float | None, max_ttl: float) -> LeaseRow | None:
         async with self.transaction() as conn:
@@ -259,7 +296,15 @@ class PgStore:
                 (ttl, max_ttl, ttl, max_ttl, lease_id),
             )
             row = await cur.fetchone()
-            return _lease(row) if row else None
+            if row is None:
+                return None
+            lease = _lease(row)
+            await conn.execute(
+                """UPDATE discovery_proxies SET lease_expires = to_timestamp(%s)
+                   WHERE name = %s""",
+                (lease.expires_at, lease.proxy),
+            )
+            return lease
 
     async def live_lease(self, lease_id: str) -> LeaseRow | None:
         async with self.transaction() as conn:
@@ -319,12 +364,21 @@ class PgStore:
                 (lease_id,),
             )
             row = await cur.fetchone()
-            return str(row[0]) if row else None
+            if row is None:
+                return None
+            await conn.execute(
+                "UPDATE discovery_proxies SET lease_expires = NULL WHERE name = %s", (row[0],)
+            )
+            return str(row[0])
 
     async def expire(self) -> int:
         """Removes leases past their time (grants already ignore them)."""
         async with self.transaction() as conn:
             cur = await conn.execute("DELETE FROM discovery_leases WHERE expires_at <= now()")
+            await conn.execute(
+                """UPDATE discovery_proxies SET lease_expires = NULL
+                   WHERE lease_expires <= now()"""
+            )
             return cur.rowcount
 
     async def prune(self, report_retention: float) -> None:
@@ -338,13 +392,14 @@ class PgStore:
     # -- views -----------------------------------------------------------------------------
 
     async def candidates(
-        self, names: Sequence[str], host: str | None
+        self, selector: Selector, host: str | None
     ) -> tuple[float, list[Candidate]]:
-        """The database's time and the state of each of `names`, for a 409."""
-        params = {"names": list(names), "scopes": _scopes(host)}
+        """The database's time and the state of each proxy the selector
+        matches, for a 409."""
+        params = _selector_params(selector, host)
         async with self.transaction() as conn:
             cur = await conn.execute(
-                """SELECT extract(epoch from now())::float8, p.name, p.health = 'healthy',
+                f"""SELECT extract(epoch from now())::float8, p.name, p.health = 'healthy',
                         extract(epoch from l.expires_at)::float8,
                         (SELECT extract(epoch from max(c.until))::float8
                            FROM discovery_cooldowns c
@@ -353,7 +408,7 @@ class PgStore:
                     FROM discovery_proxies p
                     LEFT JOIN discovery_leases l
                       ON l.proxy = p.name AND l.expires_at > now()
-                    WHERE p.name = ANY(%(names)s)""",
+                    WHERE {_SELECTED}""",
                 params,
             )
             rows = await cur.fetchall()

@@ -102,16 +102,23 @@ class SharedLeaseBook:
     async def grant(
         self, holder: str, *, ttl: float | None, selector: Selector, host: str | None
     ) -> Lease:
-        names = [n for n, p in self._fleet.items() if selector.empty or selector.matches(p)]
         lifetime = self.max_ttl if ttl is None else min(ttl, self.max_ttl)
-        row = None
-        if names:
-            row = await self._call(self._store.grant(self._new_id(), holder, lifetime, host, names))
-        if row is None:
-            now, candidates = await self._call(self._store.candidates(names, host))
-            denial = refusal(candidates, host, now, self._probe_interval)
-            self._metrics.denied.labels(denial.reason).inc()
-            raise denial
+        for _ in range(3):
+            row = await self._call(
+                self._store.grant(self._new_id(), holder, lifetime, host, selector)
+            )
+            if row is None:
+                now, candidates = await self._call(self._store.candidates(selector, host))
+                denial = refusal(candidates, host, now, self._probe_interval)
+                self._metrics.denied.labels(denial.reason).inc()
+                raise denial
+            if row.proxy in self._fleet:
+                break
+            # A proxy of another replica's newer fleet that this one cannot
+            # hand out (no address yet): give it back and pick again.
+            await self._call(self._store.release(row.id))
+        else:
+            raise StoreUnavailable("this replica's fleet is behind the shared store's")
         self._metrics.granted.inc()
         event(log, logging.DEBUG, "lease granted", lease=row.id, proxy=row.proxy, holder=holder)
         return self._lease(row)

@@ -24,10 +24,9 @@ import libvirt
 import pytest
 
 from providers.kvm.access import HostAccess
-from providers.kvm.baseimage import BaseImageProvider
+from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
 from providers.kvm.basevolumes import write_marker
 from providers.kvm.volumes import MIB, lookup_volume, volume_xml
-from proxyinfra.names import base_marker_volume, base_volume
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
 from tests.support.http import FileServer
 from tests.support.testbed import Testbed, access_for
@@ -138,15 +137,7 @@ def inputs(
     provider: BaseImageProvider | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    volume = base_volume(url, sha256, fmt)
-    props = {
-        "host": access.to_props(),
-        "url": url,
-        "sha256": sha256,
-        "format": fmt,
-        "volume": volume,
-        "marker": base_marker_volume(volume),
-    }
+    props = BaseImageArgs.of(access, url, sha256, fmt, keep=False).to_props()
     return provider_inputs(provider or BaseImageProvider(), {**props, **overrides})
 
 
