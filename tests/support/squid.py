@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -72,7 +73,14 @@ def loopback_settings(**overrides: Any) -> SquidSettings:
 class RunningSquid:
     """One squid process (foreground, -N) with its own directory and port."""
 
-    def __init__(self, settings: SquidSettings, password: str | None, port: int) -> None:
+    def __init__(
+        self,
+        settings: SquidSettings,
+        password: str | None,
+        port: int,
+        extra_config: Sequence[str] = (),
+    ) -> None:
+        self.extra_config = tuple(extra_config)
         self.workdir = Path(tempfile.mkdtemp(prefix="egress-squid-"))
         self.port = port
         self.username = settings.auth_username
@@ -109,7 +117,8 @@ class RunningSquid:
         return self._process.pid if self._process else None
 
     def _write_files(self) -> None:
-        self.config_path.write_text(render_squid_conf(self.settings))
+        extra = "".join(f"{line}\n" for line in self.extra_config)
+        self.config_path.write_text(render_squid_conf(self.settings) + extra)
         if self.username is not None:
             assert self.password is not None
             line = password_file_line(self.username, hash_password(self.password, rounds=4))
@@ -208,17 +217,23 @@ class RunningSquid:
 
 
 def start_squid(
-    settings: SquidSettings, password: str | None = None, *, port: int | None = None
+    settings: SquidSettings,
+    password: str | None = None,
+    *,
+    port: int | None = None,
+    extra_config: Sequence[str] = (),
 ) -> RunningSquid:
     """Start squid on 127.0.0.1 (a free port unless given) with these settings.
 
     settings' listen address, port and file paths are replaced by ones inside
     the instance's own directory; the rest (clients, ports, auth) is used as is.
     A password is required exactly when settings.auth_username is set.
+    `extra_config` lines go after the rendered config (directives the
+    renderer has no setting for, e.g. `tcp_outgoing_address 127.0.0.2`).
     """
     if (settings.auth_username is None) != (password is None):
         raise ValueError("give a password exactly when settings.auth_username is set")
-    squid = RunningSquid(settings, password, port or free_port())
+    squid = RunningSquid(settings, password, port or free_port(), extra_config)
     try:
         squid.start()
     except BaseException:
