@@ -70,8 +70,11 @@ def create_app(service: Service) -> ASGIApp:
         return json_response({"proxies": await book().proxies_json()})
 
     async def readyz(request: Request) -> Response:
-        if not service.ready:
-            return error(503, "not_ready", "the service is starting or stopping")
+        # 503 while starting or stopping, while the store cannot write, while
+        # the fleet source is broken (Service.not_ready); /healthz is liveness only.
+        problem = service.not_ready()
+        if problem is not None:
+            return error(503, *problem)
         return json_response({"status": "ready"})
 
     async def metrics(request: Request) -> Response:

@@ -189,13 +189,24 @@ def run_server(service: AnyService) -> int:
     """Serves the API of an opened service with uvicorn (one worker) until SIGTERM or SIGINT."""
     import uvicorn  # imported here: `--help` and argument errors stay fast
 
+    from discovery import connections
     from discovery.app import create_app
 
     settings = service.settings
+    # Client connections are capped below the descriptor limit, so that the
+    # health probes always have descriptors (discovery/connections.py).
+    fd_limit, _ = connections.raise_fd_limit()
+    guard = connections.ConnectionGuard(
+        max_connections=connections.connection_cap(fd_limit, settings.health_workers),
+        registry=service.registry,
+    )
+    connections.quiet_cancellations()
     config = uvicorn.Config(
         create_app(service),
         host=settings.listen_host,
         port=settings.listen_port,
+        http=connections.protocol_class(guard),
+        timeout_keep_alive=connections.KEEP_ALIVE,
         log_config=None,
         access_log=False,
         server_header=False,
@@ -224,6 +235,8 @@ def run_server(service: AnyService) -> int:
         lease_cooldown=settings.lease_cooldown,
         probe_target=settings.probe_target,
         probe_interval=settings.probe_interval,
+        fd_limit=fd_limit,
+        max_connections=guard.max_connections,
     )
     try:
         server.run()

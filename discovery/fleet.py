@@ -7,6 +7,7 @@ A file may hold either the manifest itself or the output of
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,7 +27,11 @@ PULUMI_TIMEOUT_S = 120.0
 
 
 class FleetError(Exception):
-    """The fleet could not be read or is not a valid manifest."""
+    """The fleet could not be read or is not a valid manifest. `content` is
+    the sha256 of what was read and refused (None when nothing was read), so
+    one broken content is reported once however often it is read."""
+
+    content: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ class FleetSource:
                 data = self.path.read_bytes()
             except OSError as exc:
                 raise FleetError(f"cannot read {self.path}: {exc.strerror}") from None
-            fleet = _decode(data, str(self.path))
+            fleet = _decoded(data, str(self.path))
             # Recorded only after a successful parse: a file caught half
             # written is read again on the next poll.
             self._signature = signature
@@ -190,4 +195,12 @@ class FleetSource:
             # and carries no output values.
             message = done.stderr.decode(errors="replace").strip()[-500:]
             raise FleetError(f"pulumi stack output failed ({done.returncode}): {message}")
-        return _decode(done.stdout, f"stack {self.stack}")
+        return _decoded(done.stdout, f"stack {self.stack}")
+
+
+def _decoded(data: bytes, where: str) -> Fleet:
+    try:
+        return _decode(data, where)
+    except FleetError as exc:
+        exc.content = hashlib.sha256(data).hexdigest()
+        raise

@@ -7,6 +7,24 @@ the check that a proxy is free and the act of taking it happen without an
 concurrent requests. Each change is queued to the store in that same step
 (so the store sees changes in the order they happened) and the caller
 answers only after the store has committed it.
+
+A write that fails changes nothing, in memory or on disk. Memory takes a
+change only once the store has committed it, and until then the change
+holds what it needs so that nothing else can contradict it:
+
+- a grant reserves its proxy at once (it is leased for every other grant)
+  and becomes a lease when committed; a failed one frees the proxy again;
+- a release, an expiry or a revocation marks its lease *ending*: renew,
+  report and release answer 404 and no grant takes the proxy until the end
+  is committed; if it fails, the lease is as it was (an expiry or a
+  revocation is tried again later, a release is the crawler's to repeat);
+- a renewal or a cooldown is applied when committed. Commits and their
+  continuations run in queue order, so memory applies changes in the order
+  the store did.
+
+(The alternative, changing memory first and undoing it on failure, cannot
+undo exactly once changes interleave: a proxy released, granted again and
+then the release failing. docs/architecture.md, decision log.)
 """
 
 from __future__ import annotations
@@ -40,6 +58,7 @@ from discovery.store import (
     ReportRecord,
     StoredState,
     StoreError,
+    merge_cooldown,
 )
 from discovery.targets import EVERYWHERE
 from health.model import Health
@@ -47,6 +66,10 @@ from health.model import Health
 log = logging.getLogger("discovery.leases")
 
 Outcome = Literal["ok", "blocked", "error"]
+
+# How long an expiry or a revocation the store could not record waits before
+# it is tried again.
+RETRY_S = 1.0
 
 
 class LeaseNotFound(Exception):
@@ -74,16 +97,20 @@ class Lease:
     ttl: float
     granted_at: float
     expires_at: float
+    # Writes in flight (the SQLite book; see the module's docstring):
+    committed: bool = True  # False while its grant is not yet committed
+    renewals: int = 0  # renewals queued, not yet committed
+    ending: bool = False  # a release, expiry or revocation queued, not yet committed
 
-    def record(self) -> LeaseRecord:
+    def record(self, ttl: float | None = None, expires_at: float | None = None) -> LeaseRecord:
         return LeaseRecord(
             self.id,
             self.proxy.name,
             self.holder,
             self.target,
-            self.ttl,
+            self.ttl if ttl is None else ttl,
             self.granted_at,
-            self.expires_at,
+            self.expires_at if expires_at is None else expires_at,
         )
 
 
@@ -154,6 +181,12 @@ class LeaseBook:
         self._expiry: list[tuple[float, str]] = []  # heap; entries may be stale
         self._pool = FreePool()
         self._new_id = _LeaseIds()
+        # Proxies that left the fleet and are not yet forgotten by the store
+        # (their lease ended, cooldowns and usage dropped), with the ids of
+        # stored leases on them that memory never held (found at restore).
+        self._departed: dict[str, list[str]] = {}
+        self._forgetting: set[str] = set()  # of those, the ones being written now
+        self._forget_at = 0.0  # when to try again after a failed write
 
     # -- startup and fleet ---------------------------------------------------------------
 
@@ -163,14 +196,17 @@ class LeaseBook:
         now = self._clock()
         self._fleet = dict(fleet.proxies)
         self._last_used = {k: v for k, v in state.last_used.items() if k in self._fleet}
-        ops: list[Op] = []
+        known = {c.proxy for c in state.cooldowns} | set(state.last_used)
+        for name in known - set(self._fleet):
+            self._departed.setdefault(name, [])
+        expired = 0
         for record in state.leases:
             proxy = self._fleet.get(record.proxy)
-            if proxy is None or record.expires_at <= now:
-                ops.append(EndLease(record.id))
-                counter = self._metrics.revoked if proxy is None else self._metrics.expired
-                counter.inc()
+            if proxy is None:
+                self._departed.setdefault(record.proxy, []).append(record.id)
                 continue
+            # Expired ones too: the first sweep (below) ends them, or retries.
+            expired += record.expires_at <= now
             self._add(
                 Lease(
                     record.id,
@@ -191,45 +227,40 @@ class LeaseBook:
             log,
             logging.INFO,
             "state restored",
-            leases=len(self._leases),
-            ended=len(ops),
+            leases=len(self._leases) - expired,
+            expired=expired,
+            departed=len(self._departed),
             cooldowns=sum(len(c) for c in self._cooldowns.values()),
             proxies=len(self._fleet),
         )
-        if ops:
-            await self._write(ops)
+        await self.expire_due()
 
     async def apply_fleet(self, fleet: Fleet) -> FleetChange:
         """Switches to a new fleet: leases of proxies that stay are kept (with the
-        proxy's new address, if it moved); those of departed proxies end."""
+        proxy's new address, if it moved); those of departed proxies end (404
+        at once; in the store as soon as it can record it)."""
         old, new = self._fleet, dict(fleet.proxies)
         removed = [name for name in old if name not in new]
         added = [name for name in new if name not in old]
         changed = [name for name in new if name in old and new[name] != old[name]]
         self._fleet = new
-        ops: list[Op] = []
         for name in removed:
             self._pool.discard(name)
-            lease = self._by_proxy.get(name)
-            if lease is not None:
-                self._end(lease)
-                ops.append(EndLease(lease.id))
-                self._metrics.revoked.inc()
-                event(log, logging.INFO, "lease revoked", lease=lease.id, proxy=name)
-            self._cooldowns.pop(name, None)
-            self._last_used.pop(name, None)
-            ops.append(ForgetProxy(name))
+            self._departed.setdefault(name, [])
+        for name in added:
+            # Back before the store forgot it, and the store holds nothing of it
+            # that memory does not: nothing to forget. (Otherwise it stays out of
+            # the pool until the forget is committed.)
+            if name not in self._forgetting and not self._departed.get(name):
+                self._departed.pop(name, None)
         for name in changed:
             lease = self._by_proxy.get(name)
             if lease is not None:
                 lease.proxy = new[name]
         self._health.set_fleet(p.endpoint() for p in new.values())
         for name in added:
-            if self._healthy(name):
-                self._pool.add(name, never_used=name not in self._last_used)
-        revoked = sum(1 for op in ops if isinstance(op, EndLease))
-        if ops:
-            await self._write(ops)
+            self.sync_proxy(name)
+        revoked = await self._forget_departed(self._clock())
         return FleetChange(added, removed, changed, revoked)
 
     def on_health_change(self, name: str, health: Health) -> None:
@@ -242,7 +273,7 @@ class LeaseBook:
 
     def sync_proxy(self, name: str) -> None:
         """Puts `name` in the free pool or takes it out, per the engine's current view."""
-        if name in self._fleet and name not in self._by_proxy and self._healthy(name):
+        if self._free(name):
             self._pool.add(name, never_used=name not in self._last_used)
         else:
             self._pool.discard(name)
@@ -251,11 +282,7 @@ class LeaseBook:
         """Rebuilds the free pool from the engine's view (a guard against a missed
         health event; also the start-up fill)."""
         self._pool.rebuild(
-            [
-                (self._last_used.get(name, 0.0), name)
-                for name in self._fleet
-                if name not in self._by_proxy and self._healthy(name)
-            ]
+            [(self._last_used.get(name, 0.0), name) for name in self._fleet if self._free(name)]
         )
 
     # -- the API's operations ------------------------------------------------------------
@@ -264,8 +291,12 @@ class LeaseBook:
         self, holder: str, *, ttl: float | None, selector: Selector, host: str | None
     ) -> Lease:
         now = self._clock()
-        # Leases past their time free their proxies now, not at the next sweep.
-        ops = self._expire(now)
+        # Leases past their time free their proxies now, not at the next sweep
+        # (once their end is committed: a failure leaves them to the sweep).
+        expired = self._expire(now)
+        if expired:
+            await self._end_expired(expired, now)
+            now = self._clock()
         stale: list[str] = []
 
         def eligible(name: str) -> bool:
@@ -283,8 +314,6 @@ class LeaseBook:
         if name is None:
             denial = self._denial(selector, host, now)
             self._metrics.denied.labels(denial.reason).inc()
-            if ops:
-                await self._write(ops)
             raise denial
         lifetime = self._ttl(ttl)
         lease = Lease(
@@ -295,15 +324,19 @@ class LeaseBook:
             lifetime,
             now,
             now + lifetime,
+            committed=False,
         )
-        self._add(lease)
-        self._last_used[name] = now
+        self._add(lease)  # reserved: no other grant takes the proxy from here on
         try:
-            await self._store.write((*ops, PutLease(lease.record())))
+            await self._store.write((PutLease(lease.record()),))
         except StoreError:
-            if self._leases.get(lease.id) is lease:
-                self._end(lease)
+            # Its proxy is free again, first in line as it was (its last use is
+            # unchanged; the pool's next rebuild orders it exactly).
+            self._end(lease, front=True)
             raise StoreUnavailable("the lease store could not record the grant") from None
+        lease.committed = True
+        self._last_used[name] = now
+        heapq.heappush(self._expiry, (lease.expires_at, lease.id))
         self._metrics.granted.inc()
         event(log, logging.DEBUG, "lease granted", lease=lease.id, proxy=name, holder=holder)
         return lease
@@ -311,16 +344,18 @@ class LeaseBook:
     async def renew(self, lease_id: str, *, ttl: float | None) -> Lease:
         now = self._clock()
         lease = self._live(lease_id, now)
-        before = (lease.ttl, lease.expires_at)
-        lease.ttl = self._ttl(ttl if ttl is not None else lease.ttl)
-        lease.expires_at = now + lease.ttl
-        heapq.heappush(self._expiry, (lease.expires_at, lease.id))
+        lifetime = self._ttl(ttl if ttl is not None else lease.ttl)
+        expires_at = now + lifetime
+        lease.renewals += 1  # the sweep leaves it alone until this is decided
         try:
-            await self._store.write((PutLease(lease.record()),))
+            await self._store.write((PutLease(lease.record(lifetime, expires_at)),))
         except StoreError:
-            if self._leases.get(lease.id) is lease:
-                lease.ttl, lease.expires_at = before
             raise StoreUnavailable("the lease store could not record the renewal") from None
+        else:
+            lease.ttl, lease.expires_at = lifetime, expires_at
+        finally:
+            lease.renewals -= 1
+            heapq.heappush(self._expiry, (lease.expires_at, lease.id))
         event(log, logging.DEBUG, "lease renewed", lease=lease.id, proxy=lease.proxy.name)
         return lease
 
@@ -329,45 +364,135 @@ class LeaseBook:
         lease = self._live(lease_id, now)
         name = lease.proxy.name
         ops: list[Op] = [AddReport(ReportRecord(now, lease.id, name, lease.holder, outcome, host))]
+        cooldown = None
         if outcome == "blocked" and self.cooldown > 0:
-            scope = host or EVERYWHERE
-            scopes = self._cooldowns.setdefault(name, {})
-            until = max(scopes.get(scope, 0.0), now + self.cooldown)
-            scopes[scope] = until
-            ops.append(PutCooldown(CooldownRecord(name, scope, until)))
+            cooldown = PutCooldown(
+                CooldownRecord(name, host or EVERYWHERE, now + self.cooldown), now
+            )
+            ops.append(cooldown)
+        try:
+            await self._store.write(ops)
+        except StoreError:
+            raise StoreUnavailable("the lease store could not record the report") from None
+        if cooldown is not None:
+            record = cooldown.cooldown
+            scope = merge_cooldown(
+                self._cooldowns.setdefault(name, {}), record.target, record.until, now
+            )
+            until = self._cooldowns[name][scope]
             event(log, logging.INFO, "proxy cooling down", proxy=name, target=scope, until=until)
         elif outcome == "error":
             where = f" for {host}" if host else ""
             self._health.report_error(name, f"a crawler reported an error{where}")
         self._metrics.reports.labels(outcome).inc()
-        await self._write(ops, required=True)
 
     async def release(self, lease_id: str) -> None:
-        lease = self._live(lease_id, self._clock())
+        now = self._clock()
+        lease = self._live(lease_id, now)
+        lease.ending = True
+        try:
+            await self._store.write((EndLease(lease.id),))
+        except StoreError:
+            lease.ending = False
+            heapq.heappush(self._expiry, (lease.expires_at, lease.id))
+            raise StoreUnavailable("the lease store could not record the release") from None
         self._end(lease)
         self._metrics.released.inc()
         event(log, logging.DEBUG, "lease released", lease=lease.id, proxy=lease.proxy.name)
-        await self._write((EndLease(lease.id),), required=True)
 
     async def expire_due(self) -> int:
-        """Ends every lease whose time is up; returns how many."""
-        ops = self._expire(self._clock())
-        if ops:
-            await self._write(ops)
-        return len(ops)
+        """Ends every lease whose time is up, and forgets proxies that left the
+        fleet; returns how many leases ended."""
+        now = self._clock()
+        expired = self._expire(now)
+        ended = await self._end_expired(expired, now) if expired else 0
+        if self._departed and now >= self._forget_at:
+            ended += await self._forget_departed(now)
+        return ended
 
-    def _expire(self, now: float) -> list[Op]:
-        ops: list[Op] = []
+    def _expire(self, now: float) -> list[Lease]:
+        """Marks the leases due at `now` ending, for one write (_end_expired)."""
+        due: list[Lease] = []
         while self._expiry and self._expiry[0][0] <= now:
             _, lease_id = heapq.heappop(self._expiry)
             lease = self._leases.get(lease_id)
             if lease is None or lease.expires_at > now:
                 continue  # released, or renewed (a later entry stands for it)
+            if lease.ending or lease.renewals or not lease.committed:
+                continue  # a write in flight decides; it puts the lease back in the heap
+            lease.ending = True
+            due.append(lease)
+        return due
+
+    async def _end_expired(self, leases: list[Lease], now: float) -> int:
+        try:
+            await self._store.write([EndLease(lease.id) for lease in leases])
+        except StoreError as exc:
+            event(log, logging.WARNING, "lease expiry not recorded; retrying", error=str(exc))
+            for lease in leases:
+                lease.ending = False
+                heapq.heappush(self._expiry, (max(lease.expires_at, now + RETRY_S), lease.id))
+            return 0
+        for lease in leases:
             self._end(lease)
-            ops.append(EndLease(lease.id))
             self._metrics.expired.inc()
             event(log, logging.INFO, "lease expired", lease=lease.id, proxy=lease.proxy.name)
-        return ops
+        return len(leases)
+
+    async def _forget_departed(self, now: float) -> int:
+        """Ends the leases of proxies that left the fleet and drops their
+        cooldowns and usage, in one write; returns how many leases ended."""
+        names = []
+        for name in list(self._departed):
+            if name in self._forgetting:
+                continue
+            if name in self._fleet and not self._departed[name]:
+                del self._departed[name]  # back in the fleet: nothing left to forget
+                self.sync_proxy(name)
+                continue
+            names.append(name)
+        if not names:
+            return 0
+        ops: list[Op] = []
+        ending: list[tuple[str, list[str], Lease | None, bool]] = []
+        for name in names:
+            orphans = self._departed[name]
+            lease = self._by_proxy.get(name)
+            marked = lease is not None and not lease.ending
+            if lease is not None:
+                lease.ending = True
+            ops += [EndLease(lease_id) for lease_id in orphans]
+            if lease is not None:
+                ops.append(EndLease(lease.id))
+            ops.append(ForgetProxy(name))
+            ending.append((name, list(orphans), lease, marked))
+        self._forgetting.update(names)
+        try:
+            await self._store.write(ops)
+        except StoreError as exc:
+            event(log, logging.WARNING, "lease revocation not recorded; retrying", error=str(exc))
+            self._forget_at = self._clock() + RETRY_S
+            for _, _, lease, marked in ending:
+                if lease is not None and marked:
+                    lease.ending = False
+                    heapq.heappush(self._expiry, (lease.expires_at, lease.id))
+            return 0
+        finally:
+            self._forgetting.difference_update(names)
+        revoked = 0
+        for name, orphans, lease, _ in ending:
+            ids = [*orphans, *([lease.id] if lease is not None else [])]
+            if lease is not None:
+                self._end(lease)
+            for lease_id in ids:
+                self._metrics.revoked.inc()
+                event(log, logging.INFO, "lease revoked", lease=lease_id, proxy=name)
+            revoked += len(ids)
+            self._cooldowns.pop(name, None)
+            self._last_used.pop(name, None)
+            del self._departed[name]
+            self.sync_proxy(name)  # back in the fleet meanwhile: free now
+        return revoked
 
     def next_expiry(self) -> float | None:
         return self._expiry[0][0] if self._expiry else None
@@ -429,10 +554,27 @@ class LeaseBook:
         return self.max_ttl if requested is None else min(requested, self.max_ttl)
 
     def _live(self, lease_id: str, now: float) -> Lease:
+        """The lease, if a crawler may still use it: committed, not past its
+        time, not ending, its proxy still in the fleet."""
         lease = self._leases.get(lease_id)
-        if lease is None or lease.expires_at <= now:
+        if (
+            lease is None
+            or lease.expires_at <= now
+            or lease.ending
+            or not lease.committed
+            or lease.proxy.name not in self._fleet
+            or lease.proxy.name in self._departed
+        ):
             raise LeaseNotFound(lease_id)
         return lease
+
+    def _free(self, name: str) -> bool:
+        return (
+            name in self._fleet
+            and name not in self._by_proxy
+            and name not in self._departed
+            and self._healthy(name)
+        )
 
     def _add(self, lease: Lease) -> None:
         self._leases[lease.id] = lease
@@ -440,13 +582,17 @@ class LeaseBook:
         self._pool.discard(lease.proxy.name)
         heapq.heappush(self._expiry, (lease.expires_at, lease.id))
 
-    def _end(self, lease: Lease) -> None:
-        name = lease.proxy.name
+    def _end(self, lease: Lease, *, front: bool = False) -> None:
+        """Drops `lease` (if still held) and frees its proxy: at the back of
+        the pool, unless never used or `front`."""
+        if self._leases.get(lease.id) is not lease:
+            return
         del self._leases[lease.id]
+        name = lease.proxy.name
         if self._by_proxy.get(name) is lease:
             del self._by_proxy[name]
-        if name in self._fleet and self._healthy(name):
-            self._pool.add(name)
+            if self._free(name):
+                self._pool.add(name, never_used=front or name not in self._last_used)
 
     def _cooling_until(self, name: str, host: str | None, now: float) -> float | None:
         """When the cooldown that keeps `name` from `host` ends (None: it does not)."""
@@ -473,14 +619,6 @@ class LeaseBook:
                 )
             )
         return refusal(candidates, host, now, self._probe_interval)
-
-    async def _write(self, ops: Sequence[Op], *, required: bool = False) -> None:
-        try:
-            await self._store.write(ops)
-        except StoreError as exc:
-            event(log, logging.ERROR, "store write failed", error=str(exc))
-            if required:
-                raise StoreUnavailable("the lease store could not record the change") from None
 
 
 def lease_json(lease: Lease) -> dict[str, Any]:

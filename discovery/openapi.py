@@ -142,11 +142,15 @@ def _operations() -> dict[str, dict[str, Any]]:
             "get": {
                 "operationId": "readyz",
                 "tags": ["service"],
-                "summary": "Readiness: store open, fleet loaded, health engine running",
+                "summary": "Readiness: store writable, fleet readable, health engine running",
                 "security": [],
                 "responses": {
                     "200": _json(StatusAnswer, "ready"),
-                    "503": _error("starting or stopping"),
+                    "503": _error(
+                        "not ready: `not_ready` (starting or stopping), `store_unavailable` "
+                        "(the lease store cannot write), `fleet_unreadable` (the fleet source "
+                        "is broken; the last good fleet is served)"
+                    ),
                 },
             }
         },

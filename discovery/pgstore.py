@@ -32,7 +32,7 @@ from discovery.fleet import FleetProxy
 from discovery.leases import Candidate
 from discovery.logs import event
 from discovery.selection import Selector
-from discovery.store import StoreError
+from discovery.store import MAX_TARGET_COOLDOWNS, StoreError
 
 log = logging.getLogger("discovery.pgstore")
 
@@ -194,6 +194,9 @@ class PgStore:
             kwargs={"autocommit": True, "row_factory": tuple_row},
             name="discovery",
         )
+        # Why the database was last unreachable; None once a transaction
+        # succeeds again (readiness).
+        self.failure: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -229,7 +232,9 @@ class PgStore:
             async with self._pool.connection() as conn, conn.transaction():
                 yield conn
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as error:
+            self.failure = _reason(error)
             raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
+        self.failure = None
 
     # -- the fleet -------------------------------------------------------------------------
 
@@ -318,13 +323,17 @@ class PgStore:
 
     async def report(
         self, lease_id: str, outcome: str, host: str | None, cooldown: float
-    ) -> tuple[LeaseRow, float | None] | None:
+    ) -> tuple[LeaseRow, str, float | None] | None:
         """Records a report on a live lease; `blocked` starts a cooldown (for
-        `host`, else everywhere) and returns when it ends. None: no such lease."""
+        `host`, else everywhere; capped as discovery.store.merge_cooldown says)
+        and returns the target it ended up under and when it ends. None: no
+        such lease."""
         async with self.transaction() as conn:
+            # FOR UPDATE: reports on one lease (so on one proxy) take turns, so
+            # each one's count of the proxy's cooldowns sees the one before.
             cur = await conn.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM discovery_leases "
-                "WHERE id = %s AND expires_at > now()",
+                "WHERE id = %s AND expires_at > now() FOR UPDATE",
                 (lease_id,),
             )
             row = await cur.fetchone()
@@ -337,6 +346,7 @@ class PgStore:
                 (lease.id, lease.proxy, lease.holder, outcome, host),
             )
             until = None
+            scope = host or EVERYWHERE
             if outcome == "blocked" and cooldown > 0:
                 cur = await conn.execute(
                     """INSERT INTO discovery_cooldowns (proxy, target, until)
@@ -344,17 +354,44 @@ class PgStore:
                        ON CONFLICT (proxy, target)
                        DO UPDATE SET until = GREATEST(discovery_cooldowns.until, excluded.until)
                        RETURNING extract(epoch from until)::float8""",
-                    (lease.proxy, host or EVERYWHERE, cooldown),
+                    (lease.proxy, scope, cooldown),
                 )
                 ended = await cur.fetchone()
                 until = float(ended[0]) if ended else None
+                if scope != EVERYWHERE:
+                    widened = await self._cap_cooldowns(conn, lease.proxy)
+                    if widened is not None:
+                        scope, until = EVERYWHERE, widened
             elif outcome == "error":
                 await conn.execute(
                     """UPDATE discovery_proxies SET error_report = %s, reported_at = now()
                        WHERE name = %s""",
                     (f"a crawler reported an error{' for ' + host if host else ''}", lease.proxy),
                 )
-            return lease, until
+            return lease, scope, until
+
+    @staticmethod
+    async def _cap_cooldowns(conn: psycopg.AsyncConnection[Any], proxy: str) -> float | None:
+        """merge_cooldown's cap: more than MAX_TARGET_COOLDOWNS live target
+        cooldowns on `proxy` become one cooldown everywhere, until the latest
+        of them; returns when that ends (None: under the cap)."""
+        cur = await conn.execute(
+            """SELECT count(*) FROM discovery_cooldowns
+               WHERE proxy = %s AND target <> %s AND until > now()""",
+            (proxy, EVERYWHERE),
+        )
+        row = await cur.fetchone()
+        if row is None or int(row[0]) <= MAX_TARGET_COOLDOWNS:
+            return None
+        cur = await conn.execute(
+            """WITH gone AS (DELETE FROM discovery_cooldowns WHERE proxy = %s RETURNING until)
+               INSERT INTO discovery_cooldowns (proxy, target, until)
+               SELECT %s, %s, max(until) FROM gone
+               RETURNING extract(epoch from until)::float8""",
+            (proxy, proxy, EVERYWHERE),
+        )
+        widest = await cur.fetchone()
+        return float(widest[0]) if widest else None
 
     async def release(self, lease_id: str) -> str | None:
         """Ends a live lease; its proxy's name, or None when there was none."""
@@ -381,12 +418,20 @@ class PgStore:
             )
             return cur.rowcount
 
-    async def prune(self, report_retention: float) -> None:
+    async def prune(self, report_retention: float, reports_kept: int) -> None:
+        """Drops cooldowns that ended, reports older than `report_retention`
+        seconds and all but the newest `reports_kept` (fewer when the sequence
+        has gaps: at most that many)."""
         async with self.transaction() as conn:
             await conn.execute("DELETE FROM discovery_cooldowns WHERE until <= now()")
             await conn.execute(
                 "DELETE FROM discovery_reports WHERE at < now() - make_interval(secs => %s)",
                 (report_retention,),
+            )
+            await conn.execute(
+                """DELETE FROM discovery_reports
+                   WHERE seq <= (SELECT max(seq) FROM discovery_reports) - %s""",
+                (reports_kept,),
             )
 
     # -- views -----------------------------------------------------------------------------

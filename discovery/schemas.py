@@ -10,22 +10,37 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from discovery.targets import TARGET_PATTERN
+from discovery.targets import problem as target_problem
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, description="seconds, > 0")]
+
+
+def _target(value: str) -> str:
+    # Checked here rather than with `pattern=`: pydantic's message for a failed
+    # pattern quotes the whole expression; this one names the problem.
+    reason = target_problem(value)
+    if reason is not None:
+        raise PydanticCustomError("target", "{reason}", {"reason": reason})
+    return value
+
+
 Target = Annotated[
     str,
     Field(
         min_length=1,
         max_length=2048,
-        pattern=TARGET_PATTERN,
-        description="a URL or a host name (ASCII; IDN in xn-- form); cooldowns are kept per host name",
+        description="a URL or a host name (ASCII; IDN in xn-- form; a host name of at most "
+        "253 characters); cooldowns are kept per host name",
         examples=["https://example.com/page", "example.com"],
+        json_schema_extra={"pattern": TARGET_PATTERN},
     ),
+    AfterValidator(_target),
 ]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 

@@ -31,7 +31,7 @@ from discovery.metrics import Metrics
 from discovery.pgstore import PgStore
 from discovery.settings import Settings
 from discovery.shared import Leadership, SharedLeaseBook
-from discovery.store import LeaseStore, Prune, StoredState
+from discovery.store import REPORTS_KEPT, LeaseStore, Prune, StoredState, StoreError, Touch
 from health.model import Health, HealthListener
 
 log = logging.getLogger("discovery")
@@ -40,6 +40,7 @@ REPORT_RETENTION_S = 7 * 24 * 3600.0
 MAINTENANCE_INTERVAL_S = 30.0
 _EXPIRY_TICK_S = 0.25  # longest a lease outlives its expiry before it is swept
 SHARED_SWEEP_S = 1.0  # PostgreSQL: grants ignore expired leases; this only tidies up
+STORE_PROBE_S = 1.0  # SQLite: how often a store that failed is tried with a write of its own
 
 
 def engine_factory(settings: Settings) -> HealthFactory:
@@ -104,12 +105,32 @@ class Service:
         self._reload = asyncio.Event()
         self._sighup = False
         self.ready = False
+        self.fleet_error: str | None = None  # why the fleet source is broken, if it is
+        self._fleet_error_seen: tuple[str, str | None] | None = None
+        self._fleet_retry = False  # a fleet read but not applied (the store failed)
 
     @property
     def book(self) -> LeaseBook:
         if self._book is None:
             raise RuntimeError("the service has not started")
         return self._book
+
+    def not_ready(self) -> tuple[str, str] | None:
+        """Why /readyz answers 503, as (error code, detail); None when ready.
+        Not ready: starting or stopping, the store failing its writes (until
+        one commits again), the fleet source broken (until it reads well
+        again; the last good fleet is served meanwhile)."""
+        if not self.ready:
+            return "not_ready", "the service is starting or stopping"
+        failure = self.store_failure()
+        if failure is not None:
+            return "store_unavailable", f"the lease store cannot write: {failure}"
+        if self.fleet_error is not None:
+            return "fleet_unreadable", f"serving the last good fleet: {self.fleet_error}"
+        return None
+
+    def store_failure(self) -> str | None:
+        return self.store.failure
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -157,6 +178,7 @@ class Service:
             loop.create_task(self._run("expiry", self._expiry_loop)),
             loop.create_task(self._run("fleet", self._fleet_loop)),
             loop.create_task(self._run("maintenance", self._maintenance_loop)),
+            loop.create_task(self._run("store probe", self._store_probe_loop)),
         ]
         if threading.current_thread() is threading.main_thread():
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -223,24 +245,40 @@ class Service:
                 await asyncio.wait_for(self._reload.wait(), timeout=period)
             forced = self._reload.is_set()
             self._reload.clear()
-            if forced or self.source.changed():
-                await self._reload_fleet()
+            if forced or self._fleet_retry or self.source.changed():
+                await self._reload_fleet(forced=forced)
 
-    async def _reload_fleet(self) -> None:
+    async def _reload_fleet(self, *, forced: bool = False) -> None:
         try:
             fleet = await asyncio.to_thread(self.source.load)
         except FleetError as exc:
             # Keep serving the fleet we have: a broken file must not end leases.
+            self.fleet_error = str(exc)
+            seen = (str(exc), exc.content)
+            if seen == self._fleet_error_seen and not forced:
+                return  # reported (logged, counted) when first read; SIGHUP reports again
+            self._fleet_error_seen = seen
             self.metrics.fleet_loads.labels("error").inc()
             event(
                 log, logging.ERROR, "fleet reload failed; keeping the current fleet", error=str(exc)
             )
             return
+        if self.fleet_error is not None:
+            event(log, logging.INFO, "fleet readable again", source=self.source.describe())
+        self.fleet_error = self._fleet_error_seen = None
         if fleet == self._fleet:
+            self._fleet_retry = False
             self.metrics.fleet_loads.labels("unchanged").inc()
             return
+        try:
+            change = await self.book.apply_fleet(fleet)
+        except StoreUnavailable:
+            # PostgreSQL: the shared store could not take it (logged); the next
+            # poll tries again, with the newest fleet then.
+            self._fleet_retry = True
+            return
+        self._fleet_retry = False
         self._fleet = fleet
-        change = await self.book.apply_fleet(fleet)
         self.metrics.fleet_loads.labels("changed").inc()
         event(
             log,
@@ -260,7 +298,18 @@ class Service:
             now = self._clock()
             book.prune_cooldowns()
             book.resync_pool()
-            await self.store.write((Prune(now, now - REPORT_RETENTION_S),))
+            # A failure is logged by the store; the next round prunes more.
+            with contextlib.suppress(StoreError):
+                await self.store.write((Prune(now, now - REPORT_RETENTION_S, REPORTS_KEPT),))
+
+    async def _store_probe_loop(self) -> None:
+        """While the store fails, tries it with a write that changes nothing:
+        readiness must come back once it can write, with or without traffic."""
+        while True:
+            await asyncio.sleep(STORE_PROBE_S)
+            if self.store.failure is not None:
+                with contextlib.suppress(StoreError):
+                    await self.store.write((Touch(),))
 
 
 class SharedService(Service):
@@ -291,6 +340,9 @@ class SharedService(Service):
         self._reload = asyncio.Event()
         self._sighup = False
         self.ready = False
+        self.fleet_error: str | None = None  # why the fleet source is broken, if it is
+        self._fleet_error_seen: tuple[str, str | None] | None = None
+        self._fleet_retry = False  # a fleet read but not applied (the store failed)
 
     @property
     def book(self) -> SharedLeaseBook:  # type: ignore[override]
@@ -301,6 +353,9 @@ class SharedService(Service):
     @property
     def leading(self) -> bool:
         return self._leadership is not None and self._leadership.leading
+
+    def store_failure(self) -> str | None:
+        return self.pg.failure
 
     def open(self) -> None:
         """Migrates the database and reads the fleet; raises StoreError or FleetError."""
@@ -383,7 +438,7 @@ class SharedService(Service):
             await asyncio.sleep(MAINTENANCE_INTERVAL_S)
             with contextlib.suppress(StoreUnavailable):
                 await book.register_fleet()
-                await self.pg.prune(REPORT_RETENTION_S)
+                await self.pg.prune(REPORT_RETENTION_S, REPORTS_KEPT)
 
 
 AnyService = Service | SharedService

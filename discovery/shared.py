@@ -133,9 +133,16 @@ class SharedLeaseBook:
         found = await self._call(self._store.report(lease_id, outcome, host, self.cooldown))
         if found is None:
             raise LeaseNotFound(lease_id)
-        lease, until = found
+        lease, scope, until = found
         if until is not None:
-            event(log, logging.INFO, "proxy cooling down", proxy=lease.proxy, target=host or "*")
+            event(
+                log,
+                logging.INFO,
+                "proxy cooling down",
+                proxy=lease.proxy,
+                target=scope,
+                until=until,
+            )
         self._metrics.reports.labels(outcome).inc()
 
     async def release(self, lease_id: str) -> None:

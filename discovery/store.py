@@ -28,11 +28,19 @@ from pathlib import Path
 from typing import IO
 
 from discovery.logs import event
+from discovery.targets import EVERYWHERE
 
 log = logging.getLogger("discovery.store")
 
 SCHEMA_VERSION = 1
 _MAX_BATCH = 2048  # submissions per transaction
+# A proxy cools down for at most this many distinct targets at once; one
+# `blocked` more widens its cooldown to every target (merge_cooldown below).
+MAX_TARGET_COOLDOWNS = 64
+# The reports table keeps at most the newest this many rows (and none older
+# than the service's retention, 7 days): at ~470 reports/s, 7 days alone
+# would be 280 million rows.
+REPORTS_KEPT = 1_000_000
 
 # Index i holds the statements that bring a store from version i to i + 1.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -123,7 +131,11 @@ class EndLease:
 
 @dataclass(frozen=True, slots=True)
 class PutCooldown:
+    """A `blocked` report's cooldown, merged by merge_cooldown's rule; `now`
+    is the report's time (cooldowns over by then do not count towards the cap)."""
+
     cooldown: CooldownRecord
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +152,21 @@ class AddReport:
 
 @dataclass(frozen=True, slots=True)
 class Prune:
-    """Drops cooldowns that ended and reports older than `reports_before`."""
+    """Drops cooldowns that ended, reports older than `reports_before` and
+    all but the newest `reports_kept` reports."""
 
     now: float
     reports_before: float
+    reports_kept: int = REPORTS_KEPT
 
 
-Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """Changes nothing but needs a real write (a WAL frame, an fsync): how a
+    store that failed finds out it can write again."""
+
+
+Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune | Touch
 
 
 @dataclass(frozen=True)
@@ -154,6 +174,29 @@ class StoredState:
     leases: list[LeaseRecord]
     cooldowns: list[CooldownRecord]
     last_used: dict[str, float]
+
+
+def merge_cooldown(scopes: dict[str, float], target: str, until: float, now: float) -> str:
+    """Adds a cooldown to one proxy's (target -> until; never shortened) and
+    returns the target it ended up under: EVERYWHERE when the proxy now cools
+    down for more than MAX_TARGET_COOLDOWNS distinct targets, which widens it
+    to one cooldown for every target, until the latest of them ends.
+
+    Widening rather than dropping a target: a proxy blocked by that many
+    sites is burnt for most of them, and every cooldown it had is kept (none
+    ends early). The lease book applies this rule in memory; `_execute` below
+    applies the same rule in SQL, so both hold the same cooldowns.
+    """
+    scopes[target] = max(scopes.get(target, 0.0), until)
+    if target == EVERYWHERE:
+        return target
+    live = sum(1 for t, u in scopes.items() if t != EVERYWHERE and u > now)
+    if live <= MAX_TARGET_COOLDOWNS:
+        return target
+    widest = max(scopes.values())
+    scopes.clear()
+    scopes[EVERYWHERE] = widest
+    return EVERYWHERE
 
 
 def _execute(db: sqlite3.Connection, op: Op) -> None:
@@ -167,12 +210,26 @@ def _execute(db: sqlite3.Connection, op: Op) -> None:
             )
         case EndLease(lease_id=lease_id):
             db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
-        case PutCooldown(cooldown=c):
+        case PutCooldown(cooldown=c, now=now):
             db.execute(
                 "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)"
                 " ON CONFLICT (proxy, target) DO UPDATE SET until = max(until, excluded.until)",
                 (c.proxy, c.target, c.until),
             )
+            if c.target != EVERYWHERE:  # merge_cooldown's cap, in SQL
+                (live,) = db.execute(
+                    "SELECT count(*) FROM cooldowns WHERE proxy = ? AND target != ? AND until > ?",
+                    (c.proxy, EVERYWHERE, now),
+                ).fetchone()
+                if live > MAX_TARGET_COOLDOWNS:
+                    (widest,) = db.execute(
+                        "SELECT max(until) FROM cooldowns WHERE proxy = ?", (c.proxy,)
+                    ).fetchone()
+                    db.execute("DELETE FROM cooldowns WHERE proxy = ?", (c.proxy,))
+                    db.execute(
+                        "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)",
+                        (c.proxy, EVERYWHERE, widest),
+                    )
         case ForgetProxy(proxy=proxy):
             db.execute("DELETE FROM cooldowns WHERE proxy = ?", (proxy,))
             db.execute("DELETE FROM usage WHERE proxy = ?", (proxy,))
@@ -182,9 +239,16 @@ def _execute(db: sqlite3.Connection, op: Op) -> None:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (r.at, r.lease_id, r.proxy, r.holder, r.outcome, r.target),
             )
-        case Prune(now=now, reports_before=before):
+        case Prune(now=now, reports_before=before, reports_kept=kept):
             db.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
             db.execute("DELETE FROM reports WHERE at < ?", (before,))
+            # seq is the rowid: new rows take max + 1, so the newest `kept`
+            # rows are those above max - kept.
+            db.execute(
+                "DELETE FROM reports WHERE seq <= (SELECT max(seq) FROM reports) - ?", (kept,)
+            )
+        case Touch():
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 # -- the store ---------------------------------------------------------------------------
@@ -203,14 +267,20 @@ class LeaseStore:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.on_commit: Callable[[int, float], None] | None = None  # (ops, seconds), for metrics
+        # Why the last transaction failed; None once one commits again (readiness).
+        self.failure: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> StoredState:
         """Lock, migrate and read the store; starts the writer thread."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.path.with_name(self.path.name + ".lock")
-        lock_file = lock_path.open("ab")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock_file = lock_path.open("ab")
+        except OSError as exc:  # a read-only file system, no permission, ...
+            where = exc.filename or self.path.parent
+            raise StoreError(f"{self.path}: cannot create {where}: {exc.strerror}") from None
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -341,6 +411,7 @@ class LeaseStore:
         try:
             self._commit(db, [ops for ops, _, _ in batch])
             results = [(done, None) for _, _, done in batch]
+            self.failure = None
         except sqlite3.Error:
             # One bad unit must not fail the others: retry each on its own.
             results = []
@@ -348,9 +419,11 @@ class LeaseStore:
                 try:
                     self._commit(db, [ops])
                     results.append((done, None))
+                    self.failure = None
                 except sqlite3.Error as exc:
                     event(log, logging.ERROR, "store write failed", error=str(exc))
                     results.append((done, StoreError(str(exc))))
+                    self.failure = str(exc)
         loops: dict[asyncio.AbstractEventLoop, list[tuple[_Done, BaseException | None]]] = {}
         for (_, loop, _), result in zip(batch, results, strict=True):
             loops.setdefault(loop, []).append(result)

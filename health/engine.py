@@ -14,9 +14,11 @@ is counted from the start of the previous probe; a proxy never has two
 scheduled probes in flight.
 
 State.  A proxy starts unknown; `fail_threshold` consecutive failures make it
-unhealthy, `ok_threshold` consecutive successes healthy.  Latency is an
-exponentially weighted moving average of successful probes.  The listener
-hears every change of health, synchronously, on the loop.
+unhealthy, `ok_threshold` consecutive successes healthy.  A probe the prober
+could not run for its own shortage (Outcome.LOCAL: out of file descriptors)
+counts neither way: it is logged and counted in `egress_health_probes`.
+Latency is an exponentially weighted moving average of successful probes.
+The listener hears every change of health, synchronously, on the loop.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ log = logging.getLogger("health")
 
 # Due time of a proxy that must be probed at once: before every real time.
 _AT_ONCE = float("-inf")
+# Probes the prober could not run (Outcome.LOCAL) are logged at most this often.
+_LOCAL_WARNING_EVERY_S = 10.0
 
 
 def _now() -> datetime:
@@ -118,6 +122,8 @@ class HealthEngine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._rng = random.Random()
+        self._local_failures = 0  # probes not run since the last warning
+        self._local_warned_at = float("-inf")
 
     # -- the fleet -------------------------------------------------------------------
 
@@ -327,8 +333,13 @@ class HealthEngine:
     # -- state -----------------------------------------------------------------------
 
     def _record(self, proxy: _Proxy, result: ProbeResult) -> None:
-        proxy.probes += 1
         metrics = self._metrics
+        if result.outcome is Outcome.LOCAL:
+            # Our own shortage (no file descriptor): nothing learnt about the proxy.
+            metrics.probes[Outcome.LOCAL].inc()
+            self._local_failure(proxy, result)
+            return
+        proxy.probes += 1
         metrics.probes[result.outcome].inc()
         for phase, ms in (
             ("connect", result.connect_ms),
@@ -351,6 +362,20 @@ class HealthEngine:
         proxy.successes = min(proxy.successes + 1, self._ok_threshold)
         if proxy.health is not Health.HEALTHY and proxy.successes >= self._ok_threshold:
             self._change(proxy, Health.HEALTHY)
+
+    def _local_failure(self, proxy: _Proxy, result: ProbeResult) -> None:
+        self._local_failures += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._local_warned_at < _LOCAL_WARNING_EVERY_S:
+            return
+        log.warning(
+            "%d probe(s) not run (%s), the last of %s; not counted against the proxies",
+            self._local_failures,
+            result.error,
+            proxy.endpoint.name,
+        )
+        self._local_failures = 0
+        self._local_warned_at = now
 
     def _failure(self, proxy: _Proxy, error: str) -> None:
         proxy.last_error = error

@@ -45,7 +45,8 @@ class HealthMetrics:
         )
         probes = Counter(
             "egress_health_probes",
-            "Probes by how they ended",
+            "Probes by how they ended (local: not run for the prober's own shortage of file "
+            "descriptors, not counted against the proxy)",
             ["outcome"],
             registry=registry,
         )

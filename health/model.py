@@ -33,6 +33,9 @@ class Outcome(enum.StrEnum):
     MALFORMED = "malformed"
     TLS = "tls"  # handshake through the tunnel failed
     ERROR = "error"  # anything else (other status codes, DNS, ...)
+    # The prober could not run the probe (no file descriptor: EMFILE, ENFILE, or
+    # no socket memory): says nothing about the proxy, so it is not counted.
+    LOCAL = "local"
 
 
 @dataclass(frozen=True)

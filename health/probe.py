@@ -41,6 +41,8 @@ _SQUID_ERROR = re.compile(rb"\r\nX-Squid-Error: ([^\r\n]{1,200})", re.IGNORECASE
 _UPSTREAM_STATUSES = frozenset({502, 503, 504})
 _HTTP_PREFIX = b"HTTP/"
 _IN_PROGRESS = frozenset({errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK})
+# This process's or the machine's shortage, not the proxy's (Outcome.LOCAL).
+_LOCAL_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _NOTHING, _READABLE, _WRITABLE = 0, 1, 2
 
 
@@ -412,6 +414,12 @@ def _network_failure(
     phase: str, endpoint: ProxyEndpoint, exc: BaseException
 ) -> tuple[Outcome, str]:
     where = f"{endpoint.host}:{endpoint.port}"
+    if (
+        isinstance(exc, OSError)
+        and not isinstance(exc, ssl.SSLError | socket.gaierror)  # errno: their own codes
+        and exc.errno in _LOCAL_SHORTAGE
+    ):
+        return Outcome.LOCAL, f"the prober is short of resources: {exc.strerror}"
     if phase == "tls":
         # The proxy did its part; the target (or what sits in the tunnel) did not.
         return Outcome.TLS, f"TLS handshake through the tunnel failed: {exc}"

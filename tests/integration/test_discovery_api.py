@@ -263,6 +263,46 @@ def test_bad_input_is_refused_and_changes_nothing(server: ServerThread, http: ht
     assert (http.get("/v1/proxies").json(), store_state(server)) == before
 
 
+BAD_TARGETS = [
+    ("[:::::]", "not an IPv6 address"),
+    ("shop.example:0", "port"),
+    ("https://shop.example:99999/", "port"),
+    ("a" * 2000, "longer than 253"),
+    ("1.2.3.999", "not an IPv4 address"),
+]
+
+
+def test_bad_targets_get_400_naming_the_problem(server: ServerThread, http: httpx.Client) -> None:
+    lease_id = http.post("/v1/leases", json={"holder": "c", "ttlSeconds": 30}).json()["id"]
+    before = (http.get("/v1/proxies").json(), store_state(server))
+    for target, reason in BAD_TARGETS:
+        for answer in (
+            http.post("/v1/leases", json={"holder": "c", "target": target}),
+            http.post(
+                f"/v1/leases/{lease_id}/report", json={"outcome": "blocked", "target": target}
+            ),
+        ):
+            assert_error(answer, 400, "bad_request")
+            detail = answer.json()["detail"]
+            assert detail.startswith("target: ") and reason in detail, detail
+            assert len(detail) < 120 and "(?:" not in detail and target not in detail, detail
+    assert (http.get("/v1/proxies").json(), store_state(server)) == before
+    assert http.delete(f"/v1/leases/{lease_id}").status_code == 204
+    for target in (
+        "shop.example",
+        "SHOP.example:8443",
+        "http://u:p@10.1.2.3:80/x?y",
+        "[2001:db8::7]",
+    ):
+        granted = http.post("/v1/leases", json={"holder": "c", "target": target})
+        assert granted.status_code == 201, granted.text
+        reported = http.post(
+            f"/v1/leases/{granted.json()['id']}/report", json={"outcome": "ok", "target": target}
+        )
+        assert reported.status_code == 204, reported.text
+        assert http.delete(f"/v1/leases/{granted.json()['id']}").status_code == 204
+
+
 # -- auth -----------------------------------------------------------------------------------
 
 TOKEN = "tok-" + "a1b2c3" * 6

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -236,10 +237,16 @@ class ServiceProcess:
     """`python -m discovery serve ARGS` with stderr (the JSON log) kept in a file."""
 
     def __init__(
-        self, args: list[str], *, log_path: Path, env: Mapping[str, str] | None = None
+        self,
+        args: list[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        fd_limit: int | None = None,
     ) -> None:
         self.args = args
         self.log_path = log_path
+        self.fd_limit = fd_limit  # RLIMIT_NOFILE, soft and hard (`ulimit -n`)
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
         listen = args[args.index("--listen") + 1]
@@ -254,10 +261,15 @@ class ServiceProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
+                preexec_fn=None if self.fd_limit is None else self._limit_fds,
             )
         if wait_ready:
             self.wait_ready(timeout)
         return self
+
+    def _limit_fds(self) -> None:  # in the child, before exec
+        assert self.fd_limit is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         assert self.process is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.fleet import Fleet, parse_fleet
-from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.leases import (
+    RETRY_S,
+    LeaseBook,
+    LeaseNotFound,
+    NoProxyAvailable,
+    StoreUnavailable,
+)
 from discovery.metrics import Metrics
 from discovery.selection import Selector
-from discovery.store import LeaseStore, StoreError
+from discovery.store import MAX_TARGET_COOLDOWNS, LeaseStore, Op, StoreError
 from health.model import Health
 from tests.support.discovery import FakeHealth, manifest, proxy_entry
 
@@ -34,6 +40,44 @@ class Clock:
         self.now += seconds
 
 
+class Faults:
+    """Stands between the book and its store: while `failing`, every write
+    fails and nothing reaches SQLite (a full disk); after `hold()`, writes
+    wait until `settle()` lets each of them commit or fail, in order."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._real = store.write
+        self.failing = False
+        self.held: list[tuple[Sequence[Op], asyncio.Future[None]]] | None = None
+        store.write = self.write  # type: ignore[method-assign]
+
+    def write(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.failing:
+            future.set_exception(StoreError("database or disk is full"))
+        elif self.held is not None:
+            self.held.append((ops, future))
+        else:
+            return self._real(ops)
+        return future
+
+    def hold(self) -> None:
+        self.held = []
+
+    async def settle(self, *commits: bool) -> None:
+        """Lets the held writes go, the i-th committing if commits[i]."""
+        held, self.held = self.held or [], None
+        assert len(held) == len(commits), f"{len(held)} writes held"
+        for (ops, future), commit in zip(held, commits, strict=True):
+            if commit:
+                await self._real(ops)
+                future.set_result(None)
+            else:
+                future.set_exception(StoreError("database or disk is full"))
+        await asyncio.sleep(0)  # the waiting callers run on
+        await asyncio.sleep(0)
+
+
 @dataclass
 class World:
     book: LeaseBook
@@ -42,6 +86,7 @@ class World:
     store: LeaseStore
     metrics: Metrics
     db: Path
+    faults: Faults
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels or None)
@@ -69,6 +114,7 @@ def run(
     cooldown: float = 300.0,
     initial: Health = Health.HEALTHY,
     clock: Clock | None = None,
+    failing: bool = False,
 ) -> None:
     clock = clock or Clock()
     db = tmp_path / "leases.db"
@@ -76,6 +122,8 @@ def run(
     async def main() -> None:
         store = LeaseStore(db)
         state = store.open()
+        faults = Faults(store)
+        faults.failing = failing
         metrics = Metrics(CollectorRegistry())
         holder: list[LeaseBook] = []
 
@@ -96,7 +144,7 @@ def run(
         holder.append(book)
         await book.restore(state, fleet)
         try:
-            await scenario(World(book, health, clock, store, metrics, db))
+            await scenario(World(book, health, clock, store, metrics, db, faults))
         finally:
             store.close()
 
@@ -507,3 +555,232 @@ def test_a_grant_does_not_wait_for_the_sweep_to_free_an_expired_lease(tmp_path: 
             await w.book.release(old.id)
 
     run(tmp_path, simple_fleet(1), scenario)
+
+
+# -- a write that fails changes nothing (memory and store alike) ---------------------------
+
+
+def test_a_release_the_store_cannot_record_leaves_the_lease_as_it_was(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.faults.failing = True
+        with pytest.raises(StoreUnavailable):
+            await w.book.release(lease.id)
+        assert (await w.book.proxies_json())[0]["leased"]
+        assert w.rows("SELECT id FROM leases") == [(lease.id,)]
+        assert w.sample("discovery_leases_released_total") == 0
+        w.faults.failing = False
+        # Still the crawler's, in memory as on disk: renew works, nobody else gets p0...
+        assert (await w.book.renew(lease.id, ttl=None)).id == lease.id
+        with pytest.raises(NoProxyAvailable):
+            await w.book.grant("d", ttl=None, selector=ANY, host=None)
+        # ...and once really released, p0 is granted again (no UNIQUE failure).
+        await w.book.release(lease.id)
+        assert (await w.book.grant("d", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_a_report_the_store_cannot_record_starts_no_cooldown(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.faults.failing = True
+        for outcome, host in (("blocked", "example.com"), ("blocked", None), ("error", None)):
+            with pytest.raises(StoreUnavailable):
+                await w.book.report(lease.id, outcome, host=host)  # type: ignore[arg-type]
+        w.faults.failing = False
+        assert (await w.book.proxies_json())[0]["cooldowns"] == []
+        assert w.rows("SELECT count(*) FROM cooldowns") == [(0,)]
+        assert w.rows("SELECT count(*) FROM reports") == [(0,)]
+        assert w.health.errors == []
+        assert w.sample("discovery_reports_total", outcome="blocked") == 0
+        await w.book.release(lease.id)
+        got = await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        assert got.proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_an_expiry_the_store_cannot_record_is_retried(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(5)
+        w.faults.failing = True
+        assert await w.book.expire_due() == 0
+        with pytest.raises(NoProxyAvailable):  # p0 is held until its end is recorded
+            await w.book.grant("d", ttl=None, selector=ANY, host=None)
+        w.faults.failing = False
+        # Ended for the crawler (past its time), but its proxy is held until
+        # the end is recorded: memory and store both still have the lease.
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew(lease.id, ttl=None)
+        assert (await w.book.proxies_json())[0]["leased"]
+        assert w.rows("SELECT id FROM leases") == [(lease.id,)]
+        assert await w.book.expire_due() == 0  # not before the retry time
+        w.clock.advance(RETRY_S)
+        assert await w.book.expire_due() == 1
+        assert w.rows("SELECT count(*) FROM leases") == [(0,)]
+        assert w.sample("discovery_leases_expired_total") == 1
+        assert (await w.book.grant("d", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_a_revocation_the_store_cannot_record_is_retried(tmp_path: Path) -> None:
+    fleet = fleet_of(proxy_entry("a", labels={"n": "a"}), proxy_entry("b", labels={"n": "b"}))
+
+    async def scenario(w: World) -> None:
+        b = await w.book.grant("c", ttl=None, selector=Selector(labels={"n": "b"}), host=None)
+        await w.book.report(b.id, "blocked", host=None)
+        w.faults.failing = True
+        change = await w.book.apply_fleet(fleet_of(proxy_entry("a", labels={"n": "a"})))
+        assert (change.removed, change.revoked) == (["b"], 0)
+        with pytest.raises(LeaseNotFound):  # its proxy left: the lease is over for the crawler
+            await w.book.renew(b.id, ttl=None)
+        w.faults.failing = False
+        assert w.rows("SELECT id FROM leases") == [(b.id,)]
+        assert w.rows("SELECT proxy FROM cooldowns") == [("b",)]
+        w.clock.advance(RETRY_S)
+        assert await w.book.expire_due() == 1
+        assert w.rows("SELECT count(*) FROM leases") == [(0,)]
+        assert w.rows("SELECT count(*) FROM cooldowns") == [(0,)]
+        assert w.rows("SELECT proxy FROM usage") == []
+        assert w.sample("discovery_leases_revoked_total") == 1
+
+    run(tmp_path, fleet, scenario)
+
+
+def test_a_proxy_back_in_the_fleet_before_its_revocation_was_recorded_keeps_its_lease(
+    tmp_path: Path,
+) -> None:
+    fleet = fleet_of(proxy_entry("a"), proxy_entry("b"))
+
+    async def scenario(w: World) -> None:
+        await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        b = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        assert b.proxy.name == "b"
+        w.faults.failing = True
+        await w.book.apply_fleet(fleet_of(proxy_entry("a")))
+        await w.book.apply_fleet(fleet)  # back before the store could forget it
+        w.faults.failing = False
+        w.clock.advance(RETRY_S)
+        assert await w.book.expire_due() == 0
+        assert (await w.book.renew(b.id, ttl=None)).proxy.name == "b"
+        assert w.rows("SELECT proxy FROM leases ORDER BY proxy") == [("a",), ("b",)]
+
+    run(tmp_path, fleet, scenario)
+
+
+def test_a_failed_grant_leaves_the_least_recently_used_order_alone(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        for _ in range(2):  # p0 used first, then p1: p0 is next
+            lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+            w.clock.advance(1)
+            await w.book.release(lease.id)
+        w.faults.failing = True
+        with pytest.raises(StoreUnavailable):
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.faults.failing = False
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(2), scenario)
+
+
+def test_renewals_the_store_cannot_record_leave_the_expiry_as_it_was(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=10, selector=ANY, host=None)
+        granted_until = lease.expires_at
+        w.faults.hold()
+        first = asyncio.ensure_future(w.book.renew(lease.id, ttl=30))
+        second = asyncio.ensure_future(w.book.renew(lease.id, ttl=40))
+        await asyncio.sleep(0)
+        await w.faults.settle(False, False)
+        for renewal in (first, second):
+            with pytest.raises(StoreUnavailable):
+                await renewal
+        assert lease.expires_at == granted_until
+        assert w.rows("SELECT expires_at FROM leases") == [(granted_until,)]
+        # One of two committed: that one holds, in memory as on disk.
+        w.faults.hold()
+        first = asyncio.ensure_future(w.book.renew(lease.id, ttl=30))
+        second = asyncio.ensure_future(w.book.renew(lease.id, ttl=40))
+        await asyncio.sleep(0)
+        await w.faults.settle(True, False)
+        assert (await first).expires_at == w.clock.now + 30
+        with pytest.raises(StoreUnavailable):
+            await second
+        assert lease.expires_at == w.clock.now + 30
+        assert w.rows("SELECT expires_at FROM leases") == [(w.clock.now + 30,)]
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_a_lease_being_released_is_gone_for_the_crawler_and_held_for_grants(
+    tmp_path: Path,
+) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.faults.hold()
+        release = asyncio.ensure_future(w.book.release(lease.id))
+        await asyncio.sleep(0)
+        # Until the release is decided: no renewal that could outlive it, no grant of p0.
+        with pytest.raises(LeaseNotFound):
+            await asyncio.wait_for(w.book.renew(lease.id, ttl=None), 2)
+        with pytest.raises(NoProxyAvailable):
+            await asyncio.wait_for(w.book.grant("d", ttl=None, selector=ANY, host=None), 2)
+        await w.faults.settle(False)
+        with pytest.raises(StoreUnavailable):
+            await release
+        assert (await w.book.renew(lease.id, ttl=None)).id == lease.id
+        w.faults.hold()
+        release = asyncio.ensure_future(w.book.release(lease.id))
+        await asyncio.sleep(0)
+        await w.faults.settle(True)
+        await release
+        assert (await w.book.grant("d", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
+def test_a_restore_the_store_cannot_record_ends_nothing_until_it_can(tmp_path: Path) -> None:
+    clock = Clock()
+    ids: dict[str, str] = {}
+
+    async def before(w: World) -> None:
+        for name, ttl in (("p0", 5), ("p1", 60)):
+            ids[name] = (await w.book.grant("c", ttl=ttl, selector=ANY, host=None)).id
+
+    async def after(w: World) -> None:
+        # p0's lease expired while down, p1 left the fleet: neither end is recorded yet.
+        with pytest.raises(NoProxyAvailable):
+            await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.faults.failing = False
+        assert w.rows("SELECT proxy FROM leases ORDER BY proxy") == [("p0",), ("p1",)]
+        w.clock.advance(RETRY_S)
+        assert await w.book.expire_due() == 2
+        assert w.rows("SELECT count(*) FROM leases") == [(0,)]
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(2), before, clock=clock)
+    clock.advance(10)
+    run(tmp_path, simple_fleet(1), after, clock=clock, failing=True)
+
+
+def test_cooldowns_per_proxy_are_capped_in_memory_as_in_the_store(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        for i in range(MAX_TARGET_COOLDOWNS):
+            await w.book.report(lease.id, "blocked", host=f"t{i}.example")
+        [view] = await w.book.proxies_json()
+        assert len(view["cooldowns"]) == MAX_TARGET_COOLDOWNS
+        w.clock.advance(1)
+        await w.book.report(lease.id, "blocked", host="one-more.example")
+        [view] = await w.book.proxies_json()
+        assert view["cooldowns"] == [{"target": "*", "until": "2027-01-15T08:05:01.000Z"}]
+        assert w.rows("SELECT target, until FROM cooldowns") == [("*", w.clock.now + 300)]
+        await w.book.release(lease.id)
+        for host in ("t0.example", "other.example", None):
+            with pytest.raises(NoProxyAvailable):
+                await w.book.grant("c", ttl=None, selector=ANY, host=host)
+
+    run(tmp_path, simple_fleet(1), scenario, cooldown=300)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from discovery.store import (
+    MAX_TARGET_COOLDOWNS,
     SCHEMA_VERSION,
     AddReport,
     CooldownRecord,
@@ -23,6 +24,8 @@ from discovery.store import (
     ReportRecord,
     StoredState,
     StoreError,
+    Touch,
+    merge_cooldown,
 )
 
 
@@ -81,9 +84,9 @@ def test_writes_are_durable_and_read_back(tmp_path: Path) -> None:
             [
                 PutLease(lease("l1", "p1")),
                 PutLease(lease("l2", "p2")),
-                PutCooldown(CooldownRecord("p1", "example.com", 500.0)),
-                PutCooldown(CooldownRecord("p1", "example.com", 400.0)),  # never shortens
-                PutCooldown(CooldownRecord("p2", "*", 10.0)),
+                PutCooldown(CooldownRecord("p1", "example.com", 500.0), 0.0),
+                PutCooldown(CooldownRecord("p1", "example.com", 400.0), 0.0),  # never shortens
+                PutCooldown(CooldownRecord("p2", "*", 10.0), 0.0),
                 AddReport(ReportRecord(41.0, "l1", "p1", "crawler", "blocked", "example.com")),
             ]
         )
@@ -161,9 +164,9 @@ def test_prune_and_forget(tmp_path: Path) -> None:
         try:
             await store.write(
                 [
-                    PutCooldown(CooldownRecord("p1", "*", 10.0)),
-                    PutCooldown(CooldownRecord("p1", "a.example", 30.0)),
-                    PutCooldown(CooldownRecord("p2", "*", 30.0)),
+                    PutCooldown(CooldownRecord("p1", "*", 10.0), 0.0),
+                    PutCooldown(CooldownRecord("p1", "a.example", 30.0), 0.0),
+                    PutCooldown(CooldownRecord("p2", "*", 30.0), 0.0),
                     PutLease(lease("l2", "p2")),
                     AddReport(ReportRecord(1.0, "l", "p1", "c", "ok", None)),
                     AddReport(ReportRecord(20.0, "l", "p1", "c", "ok", None)),
@@ -178,3 +181,96 @@ def test_prune_and_forget(tmp_path: Path) -> None:
         assert db.execute("SELECT proxy, target FROM cooldowns").fetchall() == [("p1", "a.example")]
         assert db.execute("SELECT at FROM reports").fetchall() == [(20.0,)]
         assert db.execute("SELECT count(*) FROM usage").fetchone() == (0,)
+
+
+def test_reports_are_bounded_by_age_and_by_count(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = LeaseStore(tmp_path / "leases.db")
+        store.open()
+        try:
+            await store.write(
+                [AddReport(ReportRecord(float(at), "l", "p1", "c", "ok", None)) for at in range(10)]
+            )
+            await store.write([Prune(now=20.0, reports_before=2.0, reports_kept=5)])
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+    with sqlite3.connect(tmp_path / "leases.db") as db:
+        # The newest five (age alone would have kept eight).
+        assert db.execute("SELECT at FROM reports ORDER BY at").fetchall() == [
+            (5.0,),
+            (6.0,),
+            (7.0,),
+            (8.0,),
+            (9.0,),
+        ]
+
+
+def test_cooldowns_per_proxy_are_capped_by_widening_to_every_target(tmp_path: Path) -> None:
+    now = 1000.0
+    targets = [f"t{i}.example" for i in range(MAX_TARGET_COOLDOWNS + 1)]
+
+    async def scenario() -> None:
+        store = LeaseStore(tmp_path / "leases.db")
+        store.open()
+        try:
+            # One that is over already does not count towards the cap.
+            await store.write([PutCooldown(CooldownRecord("p1", "old.example", now - 1), now)])
+            for i, target in enumerate(targets[:-1]):
+                await store.write([PutCooldown(CooldownRecord("p1", target, now + 1 + i), now)])
+            await store.write([PutCooldown(CooldownRecord("p2", "x.example", now + 5), now)])
+            with sqlite3.connect(tmp_path / "leases.db") as db:
+                assert db.execute(
+                    "SELECT count(*) FROM cooldowns WHERE proxy = 'p1'"
+                ).fetchone() == (MAX_TARGET_COOLDOWNS + 1,)
+            # One distinct target more: one cooldown everywhere, until the latest.
+            await store.write([PutCooldown(CooldownRecord("p1", targets[-1], now + 100), now)])
+            # A target cooling down later than '*' is kept beside it.
+            await store.write([PutCooldown(CooldownRecord("p1", "y.example", now + 110), now)])
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+    with sqlite3.connect(tmp_path / "leases.db") as db:
+        assert db.execute(
+            "SELECT proxy, target, until FROM cooldowns ORDER BY proxy, target"
+        ).fetchall() == [
+            ("p1", "*", now + 100),
+            ("p1", "y.example", now + 110),
+            ("p2", "x.example", now + 5),
+        ]
+
+
+def test_merge_cooldown_is_the_stores_rule_in_memory() -> None:
+    now = 1000.0
+    scopes: dict[str, float] = {"old.example": now - 1}
+    for i in range(MAX_TARGET_COOLDOWNS):
+        assert merge_cooldown(scopes, f"t{i}.example", now + 1 + i, now) == f"t{i}.example"
+    assert merge_cooldown(scopes, "t0.example", now - 100, now) == "t0.example"  # never shortens
+    assert scopes["t0.example"] == now + 1
+    assert len(scopes) == MAX_TARGET_COOLDOWNS + 1
+    assert merge_cooldown(scopes, "last.example", now + 100, now) == "*"
+    assert scopes == {"*": now + 100}
+    assert merge_cooldown(scopes, "*", now + 20, now) == "*"
+    assert scopes == {"*": now + 100}
+
+
+def test_a_store_that_failed_knows_it_until_a_write_commits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = LeaseStore(tmp_path / "leases.db")
+        store.open()
+        try:
+            await store.write([PutLease(lease("l1", "p1"))])
+            assert store.failure is None
+            with pytest.raises(StoreError):
+                await store.write([PutLease(lease("l2", "p1"))])  # UNIQUE (proxy)
+            assert store.failure is not None and "UNIQUE" in store.failure
+            await store.write([Touch()])  # writes, changes nothing
+            assert store.failure is None
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+    state = _reopen(tmp_path / "leases.db")
+    assert [r.id for r in state.leases] == ["l1"]

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
+import logging
+import os
+import resource
 import statistics
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
@@ -27,6 +31,7 @@ from health.probe import (
     classify,
     connect_request,
     parse_status,
+    probe,
 )
 
 TARGET = "example.com:443"
@@ -213,6 +218,50 @@ def test_crashing_probe_counts_as_an_error() -> None:
     state = run(eng.probe_now("a"))
     assert state.health is Health.UNHEALTHY
     assert state.last_error == "error: probe crashed: RuntimeError('bug')"
+
+
+def test_the_probers_own_shortage_counts_against_no_proxy(caplog: pytest.LogCaptureFixture) -> None:
+    local = ProbeResult(Outcome.LOCAL, None, None, None, None, "no descriptor")
+    fake = FakeProbe(results={"a": [ok(), local, local, local, ok()], "b": [local]})
+    listener = Recorder()
+    eng = engine(fake, fail_threshold=1, listener=listener)
+    eng.set_fleet(endpoints("a", "b"))
+
+    async def body() -> tuple[list[Health], list[Health]]:
+        a = [(await eng.probe_now("a")).health for _ in range(5)]
+        b = [(await eng.probe_now("b")).health for _ in range(3)]
+        return a, b
+
+    with caplog.at_level(logging.WARNING, logger="health"):
+        a, b = run(body())
+    assert a == [Health.HEALTHY] * 5 and b == [Health.UNKNOWN] * 3
+    assert listener.changes == [("a", Health.HEALTHY)]
+    assert (eng.probe_count("a"), eng.probe_count("b")) == (2, 0)
+    assert eng.registry.get_sample_value("egress_health_probes_total", {"outcome": "local"}) == 6
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "not run (no descriptor)" in warnings[0], warnings
+
+
+def test_a_probe_without_a_file_descriptor_is_the_probers_fault() -> None:
+    async def body() -> ProbeResult:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fillers: list[int] = []
+        # Every descriptor below a lowered limit taken: the next socket() fails with EMFILE.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        try:
+            with pytest.raises(OSError) as full:
+                while True:
+                    fillers.append(os.open(os.devnull, os.O_RDONLY))
+            assert full.value.errno == errno.EMFILE
+            return await probe(ProxyEndpoint("a", "127.0.0.1", 9), TARGET, timeout=2)
+        finally:
+            for fd in fillers:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    result = run(body())
+    assert result.outcome is Outcome.LOCAL, result
+    assert result.error is not None and "Too many open files" in result.error
 
 
 def test_a_bug_after_the_probe_keeps_the_proxy_on_the_schedule() -> None:
