@@ -173,6 +173,26 @@ _ONE_FREE = f"""SELECT p.name FROM discovery_proxies p
     LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
 
 
+# Renew and release, each one statement: the lease row and its proxy's
+# lease_expires change together.
+_RENEW = f"""WITH renewed AS (
+        UPDATE discovery_leases
+        SET ttl = LEAST(COALESCE(%s, ttl), %s),
+            expires_at = now() + make_interval(secs => LEAST(COALESCE(%s, ttl), %s))
+        WHERE id = %s AND expires_at > now()
+        RETURNING *),
+    marked AS (
+        UPDATE discovery_proxies p SET lease_expires = renewed.expires_at
+        FROM renewed WHERE p.name = renewed.proxy)
+    SELECT {_LEASE_COLUMNS} FROM renewed"""
+
+_RELEASE = """WITH ended AS (
+        DELETE FROM discovery_leases WHERE id = %s AND expires_at > now() RETURNING proxy)
+    UPDATE discovery_proxies p SET lease_expires = NULL
+    FROM ended WHERE p.name = ended.proxy
+    RETURNING p.name"""
+
+
 def _selector_params(selector: Selector, host: str | None) -> dict[str, Any]:
     return {
         "provider": selector.provider,
@@ -183,7 +203,7 @@ def _selector_params(selector: Selector, host: str | None) -> dict[str, Any]:
 
 
 class PgStore:
-    def __init__(self, database: PostgresUrl, *, max_size: int = 10) -> None:
+    def __init__(self, database: PostgresUrl, *, max_size: int = 20) -> None:
         self.database = database
         self._pool = psycopg_pool.AsyncConnectionPool(
             database.url,
@@ -236,6 +256,18 @@ class PgStore:
             raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
         self.failure = None
 
+    @asynccontextmanager
+    async def statement(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection for one statement, its own transaction (one round trip
+        instead of three); any database failure is a StoreError."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as error:
+            self.failure = _reason(error)
+            raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
+        self.failure = None
+
     # -- the fleet -------------------------------------------------------------------------
 
     async def sync_fleet(self, proxies: Iterable[FleetProxy], removed: Sequence[str]) -> int:
@@ -277,6 +309,10 @@ class PgStore:
             "target": host,
             "ttl": ttl,
         }
+        async with self.statement() as conn:  # the usual case: one round trip
+            row = await (await conn.execute(_GRANT, params)).fetchone()
+            if row is not None:
+                return _lease(row)
         async with self.transaction() as conn:
             for _ in range(GRANT_ATTEMPTS):
                 row = await (await conn.execute(_GRANT, params)).fetchone()
@@ -291,25 +327,10 @@ class PgStore:
         raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
 
     async def renew(self, lease_id: str, ttl: float | None, max_ttl: float) -> LeaseRow | None:
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                f"""UPDATE discovery_leases
-                    SET ttl = LEAST(COALESCE(%s, ttl), %s),
-                        expires_at = now() + make_interval(secs => LEAST(COALESCE(%s, ttl), %s))
-                    WHERE id = %s AND expires_at > now()
-                    RETURNING {_LEASE_COLUMNS}""",
-                (ttl, max_ttl, ttl, max_ttl, lease_id),
-            )
+        async with self.statement() as conn:
+            cur = await conn.execute(_RENEW, (ttl, max_ttl, ttl, max_ttl, lease_id))
             row = await cur.fetchone()
-            if row is None:
-                return None
-            lease = _lease(row)
-            await conn.execute(
-                """UPDATE discovery_proxies SET lease_expires = to_timestamp(%s)
-                   WHERE name = %s""",
-                (lease.expires_at, lease.proxy),
-            )
-            return lease
+            return _lease(row) if row else None
 
     async def live_lease(self, lease_id: str) -> LeaseRow | None:
         async with self.transaction() as conn:
@@ -395,18 +416,9 @@ class PgStore:
 
     async def release(self, lease_id: str) -> str | None:
         """Ends a live lease; its proxy's name, or None when there was none."""
-        async with self.transaction() as conn:
-            cur = await conn.execute(
-                "DELETE FROM discovery_leases WHERE id = %s AND expires_at > now() RETURNING proxy",
-                (lease_id,),
-            )
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            await conn.execute(
-                "UPDATE discovery_proxies SET lease_expires = NULL WHERE name = %s", (row[0],)
-            )
-            return str(row[0])
+        async with self.statement() as conn:
+            row = await (await conn.execute(_RELEASE, (lease_id,))).fetchone()
+            return str(row[0]) if row else None
 
     async def expire(self) -> int:
         """Removes leases past their time (grants already ignore them)."""

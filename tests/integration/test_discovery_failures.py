@@ -277,6 +277,14 @@ def test_a_store_in_a_read_only_directory_is_a_one_line_error(tmp_path: Path) ->
 # -- the fleet file broken -----------------------------------------------------------------
 
 
+def swap(path: Path, text: str) -> None:
+    """Replaces the file at once (a rename), as `mv` would: the poller never
+    reads a half-written file, which would be one more broken content."""
+    staged = path.with_name(path.name + ".new")
+    staged.write_text(text)
+    os.replace(staged, path)
+
+
 def test_a_broken_fleet_file_is_reported_once_per_content_and_unreadies_the_service(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -300,16 +308,16 @@ def test_a_broken_fleet_file_is_reported_once_per_content_and_unreadies_the_serv
             )
 
         assert ready(server.url).status_code == 200
-        fleet.write_text('{"version": 1, "proj')
+        swap(fleet, '{"version": 1, "proj')
         wait_for(lambda: ready(server.url).status_code == 503, timeout=5)
         answer = ready(server.url).json()
         assert answer["error"] == "fleet_unreadable" and "not JSON" in answer["detail"]
         time.sleep(0.5)  # ten polls
         assert (errors(), logged()) == (1, 1)
-        fleet.write_text('{"version": 1, "proj')  # written again, same content
+        swap(fleet, '{"version": 1, "proj')  # written again, same content
         time.sleep(0.5)
         assert (errors(), logged()) == (1, 1)
-        fleet.write_text(json.dumps(manifest([{"name": "p0"}])))  # other content, broken too
+        swap(fleet, json.dumps(manifest([{"name": "p0"}])))  # other content, broken too
         wait_for(lambda: errors() == 2, timeout=5)
         time.sleep(0.5)
         assert (errors(), logged()) == (2, 2)
@@ -317,7 +325,7 @@ def test_a_broken_fleet_file_is_reported_once_per_content_and_unreadies_the_serv
         write_fleet(fleet, [proxy_entry("p0"), proxy_entry("p1")])
         wait_for(lambda: ready(server.url).status_code == 200, timeout=5)
         assert any(r.getMessage() == "fleet readable again" for r in caplog.records)
-        fleet.write_text('{"version": 1, "proj')  # broken again: reported again
+        swap(fleet, '{"version": 1, "proj')  # broken again: reported again
         wait_for(lambda: errors() == 3, timeout=5)
         assert ready(server.url).status_code == 503
 
