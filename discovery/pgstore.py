@@ -40,6 +40,9 @@ SCHEMA_VERSION = 1
 MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
 LEADER_LOCK = 0x6567_7265_7374  # held by the replica that runs the health probes
 GRANT_ATTEMPTS = 8
+# A health flush this large (a new prober's first) refreshes the statistics:
+# grants are planned on `health`, which it has just changed for many rows.
+ANALYZE_AFTER = 100
 POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
 EVERYWHERE = "*"
 
@@ -63,6 +66,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # eligible one: without this index each grant sorts the whole fleet.
         """CREATE INDEX discovery_proxies_lru
             ON discovery_proxies (last_used ASC NULLS FIRST, name)""",
+        # Every grant and release rewrites its proxy's row: room for updates in
+        # place, and vacuum and statistics that keep up with a busy fleet.
+        """ALTER TABLE discovery_proxies SET (fillfactor = 70,
+            autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.05,
+            autovacuum_vacuum_cost_delay = 0)""",
         """CREATE TABLE discovery_leases (
             id          text PRIMARY KEY,
             proxy       text NOT NULL UNIQUE REFERENCES discovery_proxies ON DELETE CASCADE,
@@ -73,6 +81,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires_at  timestamptz NOT NULL
         )""",
         "CREATE INDEX discovery_leases_expires ON discovery_leases (expires_at)",
+        """ALTER TABLE discovery_leases SET (autovacuum_vacuum_scale_factor = 0.01,
+            autovacuum_vacuum_cost_delay = 0)""",
         """CREATE TABLE discovery_cooldowns (
             proxy   text NOT NULL REFERENCES discovery_proxies ON DELETE CASCADE,
             target  text NOT NULL,                 -- a host name, or '*' for every target
@@ -294,6 +304,9 @@ class PgStore:
                                zone = excluded.zone, labels = excluded.labels""",
                         rows,
                     )
+            # Many rows changed (a new fleet): fresh statistics, or the grant's
+            # plan may take the whole fleet for one row and sort it each time.
+            await conn.execute("ANALYZE discovery_proxies")
             return revoked
 
     # -- leases ----------------------------------------------------------------------------
@@ -532,6 +545,8 @@ class PgStore:
                     [r[3] for r in rows],
                 ),
             )
+            if len(rows) >= ANALYZE_AFTER:
+                await conn.execute("ANALYZE discovery_proxies")
 
     async def take_error_reports(self) -> list[tuple[str, str]]:
         """Crawler `error` reports not yet handed to the prober (and clears them)."""
