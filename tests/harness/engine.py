@@ -1,7 +1,8 @@
 """Drive a Pulumi dynamic provider the way the Pulumi engine does.
 
-The engine starts `python -m pulumi.dynamic` with the program directory as working
-directory, reads the port it prints, and calls the ResourceProvider gRPC service. The
+The engine starts the dynamic-provider plugin (the project's runs `python -m
+providers.dynamic_host`, the SDK's server with more workers) with the program
+directory as working directory, reads the port it prints, and calls the ResourceProvider gRPC service. The
 server declares acceptSecrets=False and no preview support, so the engine unwraps secrets
 before sending and never sends Create/Update with preview=True; this client does the same.
 """
@@ -33,6 +34,9 @@ from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON: Final = PROJECT_ROOT / ".venv" / "bin" / "python"
 DYNAMIC_TYPE: Final = "pulumi-python:dynamic:Resource"
+# What the project's plugin script runs (scripts/pulumi-resource-pulumi-python);
+# "pulumi.dynamic" is the SDK's own, with its 4 workers.
+HOST_MODULE: Final = "providers.dynamic_host"
 PROVIDER_KEY: Final = "__provider"
 # The sentinel the engine puts on the wire for a value not known during preview.
 UNKNOWN: Final[str] = rpc.UNKNOWN
@@ -44,7 +48,7 @@ import ctypes, os, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 if os.getppid() != int(sys.argv[1]):
     sys.exit("parent exited before the provider started")
-os.execv(sys.executable, [sys.executable, "-u", "-m", "pulumi.dynamic"])
+os.execv(sys.executable, [sys.executable, "-u", "-m", sys.argv[2]])
 """
 
 
@@ -126,7 +130,9 @@ class ProviderProcess:
         log_path: str | os.PathLike[str] | None = None,
         rpc_timeout: float = 60.0,
         start_timeout: float = 30.0,
+        module: str = HOST_MODULE,
     ) -> None:
+        self.module = module
         self.cwd = Path(cwd)
         self.python = Path(python) if python else default_python()
         self.project = project
@@ -161,7 +167,7 @@ class ProviderProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = Popen(
-                [str(self.python), "-c", _LAUNCHER, str(os.getpid())],
+                [str(self.python), "-c", _LAUNCHER, str(os.getpid()), self.module],
                 cwd=self.cwd,
                 env=env,
                 stdin=DEVNULL,

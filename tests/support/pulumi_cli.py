@@ -31,6 +31,7 @@ class CliStack:
     config: Mapping[str, Any]
     extra_env: Mapping[str, str] = field(default_factory=dict)
     passphrase: str = "cli-test-passphrase"
+    program: Path = ROOT  # the directory of the program's __main__.py
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -41,7 +42,7 @@ class CliStack:
                 "name": "python",
                 "options": {"toolchain": "pip", "virtualenv": str(ROOT / ".venv")},
             },
-            "main": os.path.relpath(ROOT, self.directory),
+            "main": os.path.relpath(self.program, self.directory),
         }
         (self.directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
         self.write_config(self.config)
