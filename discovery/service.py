@@ -88,19 +88,29 @@ class Service:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings = settings
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = Metrics(self.registry)
+        self._wire(settings, health_factory, registry, clock)
         assert isinstance(settings.db, Path), "an SQLite file (make_service picks)"
         self.store = LeaseStore(settings.db)
         self.store.on_commit = self.metrics.on_commit
+        self._state: StoredState | None = None
+        self._book: LeaseBook | None = None
+
+    def _wire(
+        self,
+        settings: Settings,
+        health_factory: HealthFactory | None,
+        registry: CollectorRegistry | None,
+        clock: Callable[[], float],
+    ) -> None:
+        """What every service has, whatever its store."""
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
         self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
         self._health_factory = health_factory or engine_factory(settings)
         self._clock = clock
-        self._state: StoredState | None = None
         self._fleet: Fleet | None = None
         self._health: HealthSource | None = None
-        self._book: LeaseBook | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reload = asyncio.Event()
         self._sighup = False
@@ -325,24 +335,10 @@ class SharedService(Service):
         clock: Callable[[], float] = time.time,
     ) -> None:
         assert isinstance(settings.db, PostgresUrl)
-        self.settings = settings
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = Metrics(self.registry)
+        self._wire(settings, health_factory, registry, clock)
         self.pg = PgStore(settings.db)
-        self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
-        self._health_factory = health_factory or engine_factory(settings)
-        self._clock = clock
-        self._fleet: Fleet | None = None
-        self._health: HealthSource | None = None
         self._shared: SharedLeaseBook | None = None
         self._leadership: Leadership | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._reload = asyncio.Event()
-        self._sighup = False
-        self.ready = False
-        self.fleet_error: str | None = None  # why the fleet source is broken, if it is
-        self._fleet_error_seen: tuple[str, str | None] | None = None
-        self._fleet_retry = False  # a fleet read but not applied (the store failed)
 
     @property
     def book(self) -> SharedLeaseBook:  # type: ignore[override]

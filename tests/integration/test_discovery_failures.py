@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from tests.support.discovery import (
 )
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
+from tests.support.responders import Responders
 
 pytestmark = pytest.mark.integration
 
@@ -90,31 +90,6 @@ def fill(directory: Path) -> Path:
     finally:
         os.close(fd)
     return path
-
-
-@dataclass
-class Responders:
-    """Fake proxies (they answer CONNECT with 200) in a process of their own."""
-
-    process: subprocess.Popen[str]
-    ports: list[int]
-
-    @classmethod
-    def start(cls, count: int) -> Responders:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.responders", "--ports", str(count)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stdout is not None
-        return cls(process, json.loads(process.stdout.readline()))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture

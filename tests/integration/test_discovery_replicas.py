@@ -32,36 +32,12 @@ from tests.support.discovery import (
 )
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
+from tests.support.responders import Responders
 
 pytestmark = pytest.mark.integration
 
 PROXIES = 12
 INTERVAL = "0.5"
-
-
-@dataclass
-class Responders:
-    """Fake proxies (answer CONNECT with 200) in a process of their own."""
-
-    process: subprocess.Popen[str]
-    ports: list[int]
-
-    @classmethod
-    def start(cls, count: int) -> Responders:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.responders", "--ports", str(count)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stdout is not None
-        return cls(process, json.loads(process.stdout.readline()))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
 
 
 @dataclass

@@ -25,8 +25,11 @@ import json
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
@@ -179,6 +182,32 @@ def main() -> None:
     parser.add_argument("--ports", type=int, default=100)
     args = parser.parse_args()
     asyncio.run(_serve(args.ports))
+
+
+@dataclass
+class Responders:
+    """Fake proxies (they answer CONNECT with 200) in a process of their own:
+    `python -m tests.support.responders --ports N`, killed by stop()."""
+
+    process: subprocess.Popen[str]
+    ports: list[int]
+
+    @classmethod
+    def start(cls, count: int) -> Responders:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.responders", "--ports", str(count)],
+            cwd=Path(__file__).resolve().parents[2],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        return cls(process, json.loads(process.stdout.readline()))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
 
 if __name__ == "__main__":
