@@ -43,6 +43,7 @@ from pulumi.dynamic import (
 
 from providers.kvm.args import Change
 from providers.kvm.baseinputs import BaseImageArgs, host_moved, input_failures
+from providers.kvm.baselock import held, lock_volume, try_lock, wait_for_other
 from providers.kvm.basevolumes import (
     Image,
     describe,
@@ -106,24 +107,41 @@ class BaseImageProvider(KvmProvider):
         start = time.monotonic()
         conn = self.connection(props).libvirt()
         pool = lookup_pool(conn, access)
-        cached = self._cached(conn, pool, args, log)
-        if cached is not None:
+        image, cached = self._obtain(conn, pool, args, props, log)
+        if cached:
             log.info(
                 "base image cached path=%s size=%s (%d bytes) sha256=%s in %.2f s",
-                cached.path,
-                human(cached.size),
-                cached.size,
-                cached.digest,
+                image.path,
+                human(image.size),
+                image.size,
+                image.digest,
                 time.monotonic() - start,
             )
-            return CreateResult(id_=args.volume, outs=outputs(args, cached, cached=True))
-        made: list[str] = []  # what this create made, so a failure removes exactly that
-        try:
-            image = self._fetch(conn, pool, args, log, made)
-        except BaseException as error:
-            self._discard_base(props, made, error)
-            raise
-        return CreateResult(id_=args.volume, outs=outputs(args, image, cached=False))
+        return CreateResult(id_=args.volume, outs=outputs(args, image, cached=cached))
+
+    def _obtain(
+        self, conn: Any, pool: Any, args: BaseImageArgs, props: dict[str, Any], log: Log
+    ) -> tuple[Image, bool]:
+        """The base, cached (True) or fetched under the host's lock for it
+        (False). Another writer holding the lock is waited for (baselock.py)."""
+        lock = lock_volume(args.volume)
+        while True:
+            complete = self._complete(conn, pool, args)
+            if complete is not None:
+                return complete, True
+            if try_lock(conn, pool, lock):
+                break
+            wait_for_other(pool, lock, lambda: self._complete(conn, pool, args) is not None, log)
+        with held(conn, pool, lock, log):
+            cached = self._cached(conn, pool, args, log)  # leftovers are ours to remove now
+            if cached is not None:
+                return cached, True
+            made: list[str] = []  # what this create made, so a failure removes exactly that
+            try:
+                return self._fetch(conn, pool, args, log, made), False
+            except BaseException as error:
+                self._discard_base(props, made, error)
+                raise
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         args = BaseImageArgs.from_props(props)
@@ -184,6 +202,19 @@ class BaseImageProvider(KvmProvider):
         log.info("base image deleted")
 
     # -- create, step by step ---------------------------------------------------------------
+
+    @staticmethod
+    def _complete(conn: Any, pool: Any, args: BaseImageArgs) -> Image | None:
+        """The base when it is there with a marker that vouches for it."""
+        base = lookup_volume(pool, args.volume)
+        marker = lookup_volume(pool, args.marker) if base is not None else None
+        if base is None or marker is None:
+            return None
+        digest = read_marker(conn, marker)
+        if not trusted(digest, args.sha256):
+            return None
+        assert digest is not None
+        return describe(base, digest)
 
     def _cached(self, conn: Any, pool: Any, args: BaseImageArgs, log: Log) -> Image | None:
         """The base when it is complete and the one asked for; else removes

@@ -10,7 +10,8 @@ update and delete run in-process exactly as on a real host, minus SSH.
 The test driver lacks five things a real host has; they are filled in here,
 and only here:
 - volume upload and download: contents kept in memory per volume path, and
-  the volume XML's ``<physical>`` follows them (as libvirt re-reads the file);
+  the volume XML's ``<physical>`` and ``<timestamps><mtime>`` follow them (as
+  libvirt re-reads the file);
 - volume resize: the volume is made again at the new capacity;
 - free memory (the driver reports 0 for a node file): settable per host;
 - undefine with the NVRAM flag (refused by the driver): the flag is dropped;
@@ -20,6 +21,7 @@ and only here:
 from __future__ import annotations
 
 import contextlib
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +73,7 @@ class TestHost:
         self.fail_upload_after: int | None = None
         self.answer_addresses = True  # False: the guest never reports an address
         self.uploads: list[str] = []  # volume names, in the order their uploads finished
+        self.mtimes: dict[str, float] = {}  # volume path -> when its last upload finished
 
     def libvirt(self) -> Any:
         """The connector seam's answer: this host's connection."""
@@ -187,6 +190,10 @@ class _Vol(_Wrapper):
         if data is None:
             return xml
         root = ET.fromstring(xml)
+        target = root.find("target")
+        if target is not None and self.raw.path() in self.host.mtimes:
+            stamps = ET.SubElement(target, "timestamps")
+            ET.SubElement(stamps, "mtime").text = f"{self.host.mtimes[self.raw.path()]:.9f}"
         for old in root.findall("physical"):
             root.remove(old)
         physical = ET.Element("physical", unit="bytes")
@@ -210,6 +217,7 @@ class _Vol(_Wrapper):
         path = self.raw.path()
         result: int = self.raw.delete(flags)
         self.host.contents.pop(path, None)
+        self.host.mtimes.pop(path, None)
         return result
 
 
@@ -252,6 +260,7 @@ class _Stream:
     def finish(self) -> None:
         if self.target is not None:
             self.host.contents[self.target.raw.path()] = bytes(self.received)
+            self.host.mtimes[self.target.raw.path()] = time.time()
             self.host.uploads.append(self.target.raw.name())
 
     def abort(self) -> None:

@@ -5,15 +5,21 @@ with real volume uploads: tests/provider/test_baseimage.py."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import libvirt
 import pytest
 
+from providers.kvm import baselock
 from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
+from providers.kvm.baselock import _stamp, lock_volume, try_lock
 from providers.kvm.errors import ImageError, InUseError
 from providers.kvm.volumes import volume_xml
 from tests.support.http import FileServer
@@ -36,6 +42,11 @@ def inputs(
     return BaseImageArgs.of(host.access(), url, sha256, "qcow2", keep).to_props()
 
 
+def data_uploads(host: TestHost) -> list[str]:
+    """Uploads of image and marker, in order (not the lock's heartbeats)."""
+    return [name for name in host.uploads if not name.endswith(".lock")]
+
+
 def create(host: TestHost, props: dict[str, Any]) -> dict[str, Any]:
     return dict(BaseImageProvider().create(props).outs or {})
 
@@ -48,8 +59,10 @@ def test_create_uploads_the_image_then_writes_the_marker_last(
     assert outs["cached"] is False and outs["digest"] == DIGEST and outs["size"] == len(IMAGE)
     assert test_host.contents[outs["path"]] == IMAGE
     assert test_host.contents[f"{POOL_PATH}/{props['marker']}"] == DIGEST.encode()
-    # The marker is the last thing written, after the whole image arrived.
-    assert test_host.uploads == [props["volume"], props["marker"]]
+    # The marker is the last thing written, after the whole image arrived
+    # (the lock beside them is rewritten as the download goes: see below).
+    assert data_uploads(test_host) == [props["volume"], props["marker"]]
+    assert test_host.volumes() == {props["volume"], props["marker"]}  # lock gone
 
 
 def test_a_second_create_uses_the_cache_without_downloading(
@@ -86,7 +99,7 @@ def test_an_upload_that_breaks_leaves_no_marker_and_no_volume(
     props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE))
     with pytest.raises(libvirt.libvirtError, match="broke off"):
         create(test_host, props)
-    assert test_host.uploads == [] and test_host.volumes() == set()
+    assert data_uploads(test_host) == [] and test_host.volumes() == set()
 
 
 def test_a_failed_marker_write_removes_the_base(test_host: TestHost, server: FileServer) -> None:
@@ -154,3 +167,72 @@ def test_diff_replaces_on_content_and_updates_a_mirror_in_place(test_host: TestH
         "volume",
         "marker",
     }
+
+
+# -- one writer per base on a host (providers/kvm/baselock.py) ------------------------------
+
+
+def test_two_creates_at_once_download_once(test_host: TestHost, server: FileServer) -> None:
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE, rate=20_000))
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: create(test_host, props), range(2))
+    assert server.count("/disk.qcow2") == 1
+    assert {first["cached"], second["cached"]} == {True, False}
+    assert first["path"] == second["path"]
+    assert data_uploads(test_host) == [props["volume"], props["marker"]]  # one upload each
+    assert test_host.volumes() == {props["volume"], props["marker"]}
+
+
+def test_a_live_lock_is_waited_for_and_its_result_used(
+    test_host: TestHost, server: FileServer
+) -> None:
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE))
+    pool = test_host.libvirt().storagePoolLookupByName(POOL)
+    lock = lock_volume(props["volume"])
+    assert try_lock(test_host.libvirt(), pool, lock)  # another writer at work
+
+    def other_writer() -> None:
+        for _ in range(3):  # its heartbeat, then its result
+            time.sleep(0.3)
+            _stamp(test_host.libvirt(), pool.storageVolLookupByName(lock))
+        test_host.add_volume(props["volume"], IMAGE, fmt="qcow2")
+        test_host.add_volume(props["marker"], DIGEST.encode())
+        pool.storageVolLookupByName(lock).delete(0)
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    with patched(baselock, POLL=0.05, STALE=0.8):
+        outs = create(test_host, props)
+    writer.join()
+    assert outs["cached"] is True and server.count("/disk.qcow2") == 0
+
+
+def test_a_stale_lock_is_taken_over(test_host: TestHost, server: FileServer) -> None:
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE))
+    pool = test_host.libvirt().storagePoolLookupByName(POOL)
+    # A writer that died: its lock and half an image, never touched again.
+    assert try_lock(test_host.libvirt(), pool, lock_volume(props["volume"]))
+    test_host.add_volume(props["volume"], IMAGE[:100], fmt="qcow2")
+    with patched(baselock, POLL=0.05, STALE=0.5):
+        outs = create(test_host, props)
+    assert outs["cached"] is False and test_host.contents[outs["path"]] == IMAGE
+    assert test_host.volumes() == {props["volume"], props["marker"]}
+
+
+def test_a_failed_create_releases_its_lock(test_host: TestHost, server: FileServer) -> None:
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE), sha256="0" * 64)
+    with pytest.raises(ImageError, match="sha256 mismatch"):
+        create(test_host, props)
+    assert test_host.volumes() == set()
+
+
+@contextlib.contextmanager
+def patched(module: Any, **values: float) -> Iterator[None]:
+    before = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(module, name, value)
