@@ -152,6 +152,7 @@ class ProxyDomainProvider(KvmProvider):
                 f"{human(free)} of memory free, domain {args.name} needs {human(memory)}",
                 "stop other VMs, pick a smaller machineType or another host",
             )
+        self._clear_leftover(conn, args, log)
         created = datetime.now(UTC).replace(microsecond=0)
         xml = build_domain_xml(_spec(args, created))
         dom = conn.defineXML(xml)
@@ -169,6 +170,34 @@ class ProxyDomainProvider(KvmProvider):
             "created": format_rfc3339(created),
         }
         return CreateResult(id_=args.name, outs=outs)
+
+    def _clear_leftover(
+        self, conn: Any, args: DomainArgs[str], log: logging.LoggerAdapter[logging.Logger]
+    ) -> None:
+        """A domain of this name that a killed run left (defined, maybe
+        running, not in state): this stack's own, by its metadata, is removed
+        so the create starts clean on the same overlay and seed; anyone
+        else's is an error, and is not touched."""
+        try:
+            found = conn.lookupByName(args.name)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return
+            raise
+        meta = parse_domain(found.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).metadata
+        if meta is None or (meta.project, meta.stack) != (args.project, args.stack):
+            owner = f"project {meta.project!r}, stack {meta.stack!r}" if meta else "no metadata"
+            raise KvmError(
+                f"{args.host.where}: a domain named {args.name} exists and is not this "
+                f"stack's ({owner}); it was left alone: rename or remove it "
+                f"(virsh undefine --nvram {args.name}) if it is not needed"
+            )
+        log.warning(
+            "domain %s was left by an interrupted run (created %s): replacing it",
+            args.name,
+            format_rfc3339(meta.created),
+        )
+        self._remove(found, 0.0)
 
     def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> str:
         """Agent first (knows the guest's own view), then the network's DHCP

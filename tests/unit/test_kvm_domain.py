@@ -206,3 +206,23 @@ def test_a_missing_or_mistyped_input_names_its_key(test_host: TestHost) -> None:
         DomainArgs.from_props(props)
     with pytest.raises(ValueError, match=r"input 'memoryMib': expected a whole number, got 2\.5"):
         DomainArgs.from_props(inputs(test_host, memoryMib=2.5))
+
+
+def test_a_domain_left_by_a_killed_run_is_replaced(test_host: TestHost) -> None:
+    first = create(test_host)
+    # The run that made it was killed: the state never learned of it.
+    again = create(test_host)
+    assert again["created"] >= first["created"]
+    assert test_host.domains() == {NAME}
+    assert test_host.raw.lookupByName(NAME).isActive()
+
+
+def test_a_domain_of_another_stack_under_the_name_is_left_alone(test_host: TestHost) -> None:
+    create(test_host, stack="other")
+    uuid = test_host.raw.lookupByName(NAME).UUIDString()
+    with pytest.raises(
+        KvmError,
+        match=r"exists and is not this stack's \(project 'egress-proxies', stack 'other'\)",
+    ):
+        create(test_host)
+    assert test_host.raw.lookupByName(NAME).UUIDString() == uuid

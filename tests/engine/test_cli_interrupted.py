@@ -1,0 +1,98 @@
+"""`pulumi up` killed with SIGKILL while its domains boot, then the documented
+recovery (docs/kvm-provider.md, "When a run is interrupted"): `pulumi refresh
+--clear-pending-creates --yes`, then `pulumi up --yes`. The domains the killed
+run defined and started are this stack's by their metadata: the new creates
+replace them, every proxy ends up running once, and gc finds nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+import yaml
+
+from proxyinfra.names import proxy_id
+from tests.support import proxyinfra_cli
+from tests.support.http import FileServer
+from tests.support.images import tiny_image
+from tests.support.pulumi_cli import PULUMI, CliStack
+from tests.support.testbed import URI, Testbed
+
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
+
+NAMES = ("home-0", "home-1")
+
+
+def config(testbed: Testbed, url: str) -> dict[str, Any]:
+    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    provider["kvm"]["images"] = {"tiny": {"url": url}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
+    provider["kvm"]["ipTimeoutSeconds"] = 180
+    placement = {"machineType": "small", "image": "tiny"}
+    return {
+        "providers": [provider],
+        "proxies": [{"name": "home", "provider": "testbed", "replicas": 2, "placement": placement}],
+        "squid": {"allowedClients": [str(testbed.subnet)]},
+    }
+
+
+def domains(conn: libvirt.virConnect) -> dict[str, str]:
+    """Defined domains by name, with their UUIDs."""
+    return {d.name(): d.UUIDString() for d in conn.listAllDomains(0)}
+
+
+def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    conn = libvirt.open(URI)
+    with FileServer() as server:
+        url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
+        stack = CliStack(tmp_path / "stack", f"kill{uuid.uuid4().hex[:6]}", config(testbed, url))
+        ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
+        try:
+            run = subprocess.Popen(
+                [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
+                + ["--stack", stack.stack],
+                cwd=stack.directory,
+                env=stack.env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + 300
+            while not all(pid in domains(conn) for pid in ids):
+                assert run.poll() is None, "pulumi up ended before its domains were defined"
+                assert time.monotonic() < deadline, "the domains were never defined"
+                time.sleep(0.2)
+            killed = domains(conn)
+            os.killpg(run.pid, signal.SIGKILL)  # pulumi, its language host, the provider
+            run.wait(timeout=30)
+            # The self-managed backend may hold a lock for the killed run.
+            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
+
+            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
+            done = stack.ok("up", "--yes", "--skip-preview")
+            assert "left by an interrupted run" in done.stdout + done.stderr
+            after = domains(conn)
+            for pid in ids:
+                assert conn.lookupByName(pid).isActive()
+                assert after[pid] != killed[pid], "the leftover was replaced, not reused blindly"
+            manifest = stack.output("fleet")
+            assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
+            assert all(p["host"] for p in manifest["proxies"])
+            stack.ok("preview", "--expect-no-changes")
+            gc = proxyinfra_cli(
+                stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()
+            )
+            assert gc.returncode == 0 and "no orphans" in gc.stdout, gc.stdout + gc.stderr
+        finally:
+            stack.run("destroy", "--yes", "--skip-preview")
+            conn.close()
