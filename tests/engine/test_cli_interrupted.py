@@ -58,9 +58,9 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
         stack = CliStack(tmp_path / "stack", f"kill{uuid.uuid4().hex[:6]}", config(testbed, url))
         ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
         try:
+            command = [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
             run = subprocess.Popen(
-                [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
-                + ["--stack", stack.stack],
+                [*command, "--stack", stack.stack],
                 cwd=stack.directory,
                 env=stack.env(),
                 stdout=subprocess.DEVNULL,
