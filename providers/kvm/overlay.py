@@ -43,6 +43,7 @@ from providers.kvm.volumes import (
     lookup_pool,
     lookup_volume,
     parse_volume_xml,
+    require_space,
     volume_xml,
 )
 
@@ -125,6 +126,9 @@ class OverlayProvider(KvmProvider):
             )
             return CreateResult(id_=name, outs=self._outputs(props, info))
         self._check_base(conn, args, capacity)
+        # Thin, but it grows to its virtual size: a pool that cannot hold that
+        # much once is too small for it (many overlays may still overcommit).
+        require_space(pool, capacity, access, f"overlay {name!r} ({human(capacity)} virtual)")
         vol = pool.createXML(
             volume_xml(name, capacity, "qcow2", (args.base_path, args.base_format)), 0
         )

@@ -11,7 +11,7 @@ from typing import Any
 import libvirt
 import pytest
 
-from providers.kvm.errors import HostError, HostResourceMissing
+from providers.kvm.errors import CapacityError, HostError, HostResourceMissing
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.overlay import OverlayArgs, OverlayProvider
 from providers.kvm.seediso import SeedArgs, SeedIsoProvider
@@ -128,3 +128,16 @@ def test_seed_left_by_a_killed_run_is_replaced(test_host: TestHost) -> None:
     outs = dict(SeedIsoProvider().create(seed_inputs(test_host)).outs or {})
     assert test_host.contents[outs["path"]] != b"half an iso"
     assert test_host.volumes() == {SEED}
+
+
+def test_an_overlay_larger_than_the_pool_is_refused_before_anything_is_made(
+    test_host: TestHost, base: str
+) -> None:
+    # The test pool holds 100 GiB; the 2 GiB base takes its share.
+    with pytest.raises(
+        CapacityError,
+        match=r"host 'testhost' .*pool 'proxies' has 98\.00 GiB available, "
+        r"overlay 'proxy-0123456789\.qcow2' \(200\.00 GiB virtual\) needs 200\.00 GiB",
+    ):
+        OverlayProvider().create(overlay_inputs(test_host, sizeGb=200))
+    assert test_host.volumes() == {"base.qcow2"}
