@@ -61,6 +61,7 @@ from providers.kvm.download import (
     download,
     hashed,
     initial_capacity,
+    prefetched,
     shown_url,
     verify,
 )
@@ -256,7 +257,7 @@ class BaseImageProvider(KvmProvider):
                 require_space(pool, length, access, f"base image {volume}")
             vol = pool.createXML(volume_xml(volume, capacity, fmt), 0)
             made.append(volume)
-            sent = upload(conn, vol, chain([first], chunks), length or 0)
+            sent = upload(conn, vol, chain([first], prefetched(chunks)), length or 0)
         digest = hasher.hexdigest()
         verify(args.sha256, digest, sent, length, shown)
         path, physical, _capacity = volume_facts(vol)

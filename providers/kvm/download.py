@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import re
 import struct
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import httpx
@@ -19,6 +21,7 @@ from providers.kvm.volumes import MIB, human
 
 Log = logging.LoggerAdapter[logging.Logger]
 
+PREFETCH = 4  # chunks read ahead of the upload: memory stays a few MiB
 CHUNK = MIB  # per HTTP read and per libvirt stream send: memory is a few of these
 PROGRESS_SECONDS = 2.0
 PROGRESS_PERCENT = 10
@@ -146,3 +149,41 @@ class Progress:
             percent,
             self.rate,
         )
+
+
+def prefetched(chunks: Iterator[bytes], depth: int = PREFETCH) -> Generator[bytes, None, None]:
+    """The same chunks, read ahead by a thread (at most `depth` of them
+    waiting), so the download and the upload overlap instead of taking
+    turns. An error of the reader is raised here, where the next chunk is
+    asked for; leaving early (the upload failed) stops the reader."""
+    box: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        box.put((chunk, None), timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put((None, None))
+        except BaseException as error:
+            box.put((None, error))
+
+    reader = threading.Thread(target=read, name="base-image-download", daemon=True)
+    reader.start()
+    try:
+        while True:
+            chunk, error = box.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        reader.join(timeout=5)
