@@ -264,7 +264,9 @@ def test_first_fetch_lands_exactly_then_the_cache_serves_it(
     print(f"RPCs: fresh create {len(fresh_rpcs)} {fresh_rpcs}")
     print(f"RPCs: cached create {len(cached_rpcs)} {cached_rpcs}")
     print(f"RPCs: read {len(read_rpcs)} {read_rpcs}")
-    assert len(fresh_rpcs) <= 10
+    # The lock of one writer per base (baselock.py) adds four: create and
+    # stamp it, find and delete it at the end.
+    assert len(fresh_rpcs) <= 14
     assert len(cached_rpcs) <= 5
     assert len(read_rpcs) <= 5
 
