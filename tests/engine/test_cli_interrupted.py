@@ -6,9 +6,7 @@ replace them, every proxy ends up running once, and gc finds nothing."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -23,7 +21,7 @@ from proxyinfra.names import proxy_id
 from tests.support import proxyinfra_cli
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import PULUMI, CliStack
+from tests.support.pulumi_cli import PULUMI, CliStack, kill_run
 from tests.support.testbed import URI, Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -73,8 +71,7 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
                 assert time.monotonic() < deadline, "the domains were never defined"
                 time.sleep(0.2)
             killed = domains(conn)
-            os.killpg(run.pid, signal.SIGKILL)  # pulumi, its language host, the provider
-            run.wait(timeout=30)
+            kill_run(run)  # pulumi, its language host, the provider
             # The self-managed backend may hold a lock for the killed run.
             shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
 

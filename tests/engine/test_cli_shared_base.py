@@ -6,9 +6,7 @@ which the next stack recognises as abandoned and fetches again
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -25,7 +23,7 @@ from providers.kvm.baselock import STALE_ENV, lock_volume
 from proxyinfra.names import base_marker_volume, base_volume, proxy_id
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import PULUMI, CliStack
+from tests.support.pulumi_cli import PULUMI, CliStack, kill_run
 from tests.support.testbed import URI, Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -151,8 +149,7 @@ def test_a_killed_downloader_s_half_base_is_fetched_again(
             assert process.poll() is None
             time.sleep(0.2)
         time.sleep(1.0)  # part of the image is in the volume
-        os.killpg(process.pid, signal.SIGKILL)  # pulumi, its language host, the provider
-        process.wait(timeout=30)
+        kill_run(process)  # pulumi, its language host, the provider
         left = pool_volumes(testbed)
         assert lock_volume(volume) in left and base_marker_volume(volume) not in left
         done = next_one.ok("up", "--yes", "--skip-preview")

@@ -9,6 +9,7 @@ and a PULUMI_HOME of its own, so nothing lands in the checkout or in ~/.pulumi.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -112,3 +113,35 @@ class CliStack:
 
     def resources(self) -> list[dict[str, Any]]:
         return list(self.export()["deployment"].get("resources") or [])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (plugins may start process groups of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_run(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL a `pulumi` run and everything it started (language host,
+    providers), as a crash or the OOM killer would end them."""
+    import signal
+
+    for pid in [process.pid, *descendants(process.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
