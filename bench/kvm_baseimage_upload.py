@@ -34,11 +34,10 @@ import httpx
 import yaml
 
 from providers.kvm.access import HostAccess
-from providers.kvm.baseimage import BaseImageProvider
+from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
 from providers.kvm.config import KvmProviderEntry
 from providers.kvm.connection import HostConnection
 from providers.kvm.volumes import upload, volume_xml
-from proxyinfra.names import base_marker_volume, base_volume
 from tests.harness.engine import ProviderProcess, make_urn, provider_inputs
 from tests.support.http import FileServer
 from tests.support.testbed import Testbed, load_testbed, run_testbed
@@ -123,15 +122,7 @@ def access_of(testbed: Testbed) -> HostAccess:
 
 
 def inputs(access: HostAccess, url: str, digest: str) -> dict[str, Any]:
-    volume = base_volume(url, digest, "raw")
-    props = {
-        "host": access.to_props(),
-        "url": url,
-        "sha256": digest,
-        "format": "raw",
-        "volume": volume,
-        "marker": base_marker_volume(volume),
-    }
+    props = BaseImageArgs.of(access, url, digest, "raw", keep=False).to_props()
     return provider_inputs(BaseImageProvider(), props)
 
 
