@@ -1,8 +1,9 @@
-"""`pulumi up` killed with SIGKILL while its domains boot, then the documented
-recovery (docs/kvm-provider.md, "When a run is interrupted"): `pulumi refresh
---clear-pending-creates --yes`, then `pulumi up --yes`. The domains the killed
-run defined and started are this stack's by their metadata: the new creates
-replace them, every proxy ends up running once, and gc finds nothing."""
+"""`pulumi up` killed with SIGKILL (while its domains boot; during the base
+image's download), then the documented recovery (docs/kvm-provider.md, "When
+a run is interrupted"): `pulumi refresh --clear-pending-creates --yes`, then
+`pulumi up --yes`. What the killed run left under its fixed names is this
+stack's: the new creates replace or take it over, every proxy ends up
+running once, and gc finds nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import libvirt
 import pytest
 import yaml
 
-from proxyinfra.names import proxy_id
+from providers.kvm.baselock import STALE_ENV, lock_volume
+from proxyinfra.names import base_marker_volume, base_volume, proxy_id
 from tests.support import proxyinfra_cli
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
@@ -93,3 +95,61 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
         finally:
             stack.run("destroy", "--yes", "--skip-preview")
             conn.close()
+
+
+def test_up_killed_during_the_base_download_recovers_with_refresh_and_up(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The other kill point that leaves something half-made: the base image
+    half uploaded, its lock left. The recovery's `up` takes the silent lock
+    over (here after 6 s instead of 45), fetches the base again and
+    converges; nothing half-written stays in use."""
+    conn = libvirt.open(URI)
+    with FileServer() as server:
+        path = f"/{uuid.uuid4().hex[:8]}/tiny.qcow2"
+        url = server.add(path, file=tiny_image(), rate=2 * 1024 * 1024)
+        stack = CliStack(
+            tmp_path / "stack",
+            f"kill{uuid.uuid4().hex[:6]}",
+            config(testbed, url),
+            extra_env={STALE_ENV: "6"},
+        )
+        volume = base_volume(url, None, "qcow2")
+        ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
+        try:
+            command = [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
+            run = subprocess.Popen(
+                [*command, "--stack", stack.stack],
+                cwd=stack.directory,
+                env=stack.env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            pool = conn.storagePoolLookupByName(testbed.pool)
+            deadline = time.monotonic() + 120
+            while server.count(path) == 0 or volume not in names(pool):
+                assert run.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(1.0)  # part of the image is in the volume
+            kill_run(run)
+            assert lock_volume(volume) in names(pool)
+            assert base_marker_volume(volume) not in names(pool)
+            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
+
+            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
+            done = stack.ok("up", "--yes", "--skip-preview")
+            assert "its writer is gone; taking over" in done.stdout + done.stderr
+            assert server.count(path) == 2  # fetched again, not trusted half-written
+            for pid in ids:
+                assert conn.lookupByName(pid).isActive()
+            left = names(pool)
+            assert base_marker_volume(volume) in left and lock_volume(volume) not in left
+            stack.ok("preview", "--expect-no-changes")
+        finally:
+            stack.run("destroy", "--yes", "--skip-preview")
+            conn.close()
+
+
+def names(pool: libvirt.virStoragePool) -> set[str]:
+    pool.refresh(0)
+    return {v.name() for v in pool.listAllVolumes(0)}

@@ -34,9 +34,9 @@ from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 PROJECT_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON: Final = PROJECT_ROOT / ".venv" / "bin" / "python"
 DYNAMIC_TYPE: Final = "pulumi-python:dynamic:Resource"
-# What the project's plugin script runs (scripts/pulumi-resource-pulumi-python);
-# "pulumi.dynamic" is the SDK's own, with its 4 workers.
-HOST_MODULE: Final = "providers.dynamic_host"
+# The project's plugin script (scripts/pulumi-resource-pulumi-python: the SDK's
+# server with more workers); module="pulumi.dynamic" runs the SDK's own.
+HOST_MODULE: Final = str(PROJECT_ROOT / "scripts" / "pulumi-resource-pulumi-python")
 PROVIDER_KEY: Final = "__provider"
 # The sentinel the engine puts on the wire for a value not known during preview.
 UNKNOWN: Final[str] = rpc.UNKNOWN
@@ -48,6 +48,8 @@ import ctypes, os, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 if os.getppid() != int(sys.argv[1]):
     sys.exit("parent exited before the provider started")
+if sys.argv[2].endswith(".py") or "/" in sys.argv[2]:
+    os.execv(sys.argv[2], [sys.argv[2]])  # the plugin script, as the engine starts it
 os.execv(sys.executable, [sys.executable, "-u", "-m", sys.argv[2]])
 """
 
@@ -162,6 +164,8 @@ class ProviderProcess:
         # Like the engine: project name and stack config in the environment. PYTHONPATH is
         # dropped so the provider imports the project only through its working directory.
         env["PULUMI_PROJECT"] = self.project
+        # As the engine sets it from Pulumi.yaml's runtime options.
+        env["PULUMI_RUNTIME_VIRTUALENV"] = str(self.python.parent.parent)
         env["PULUMI_CONFIG"] = json.dumps({k: _config_string(v) for k, v in self.config.items()})
         env.update(self.extra_env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,7 @@ def together(engine: ProviderProcess, directory: Path, count: int) -> list[bool]
 
 
 def test_the_host_runs_sixteen_creates_at_once_where_the_sdk_runs_four(tmp_path: Path) -> None:
-    with ProviderProcess() as host:
+    with ProviderProcess() as host:  # the plugin script, scripts/pulumi-resource-pulumi-python
         assert all(together(host, tmp_path / "host", 16))
     with ProviderProcess(module="pulumi.dynamic") as sdk:  # what the host is for
         assert sum(together(sdk, tmp_path / "sdk", 8)) <= 4  # the first four waited in vain
@@ -108,6 +108,7 @@ def test_the_plugin_script_runs_the_host_from_the_virtualenv(tmp_path: Path) -> 
         check=False,
     )
     assert missing.returncode == 1 and f"no Python in {tmp_path}" in missing.stderr
-    assert "-m providers.dynamic_host" in script.read_text()
+    # That it runs the host: the sixteen creates above went through this script
+    # (ProviderProcess starts it by default, as the engine does).
     linked = ROOT / ".venv" / "bin" / "pulumi-resource-pulumi-python"
     assert linked.resolve() == script.resolve(), "scripts/bootstrap links the plugin"
