@@ -141,6 +141,18 @@ class ProxyDomainProvider(KvmProvider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         args = _domain_args(props)
+        try:
+            return self._create(props, args)
+        except libvirt.libvirtError as error:
+            # libvirt's own text ("End of file while reading data") names no host.
+            error.add_note(
+                f"{args.host.where}: domain {args.name}: the libvirt call failed; once the "
+                "host is reachable again, `pulumi up` converges (a domain this run left "
+                "behind is replaced)"
+            )
+            raise
+
+    def _create(self, props: dict[str, Any], args: DomainArgs[str]) -> CreateResult:
         access = args.host
         log = self.logger(access, args.name)
         conn = self.connection(props).libvirt()
@@ -159,8 +171,11 @@ class ProxyDomainProvider(KvmProvider):
         try:
             dom.create()
             ip = self._started_address(conn, dom, args, log)
-        except BaseException:
-            self._remove(dom, 0.0)
+        except BaseException as error:
+            try:
+                self._remove(dom, 0.0)
+            except libvirt.libvirtError as cleanup:  # never hides the first error
+                error.add_note(f"{access.where}: domain {args.name} may remain: {cleanup}")
             raise
         outs = {
             **props,

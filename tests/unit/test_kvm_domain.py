@@ -7,6 +7,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+import libvirt
 import pytest
 
 from providers.kvm.domain import DomainArgs, ProxyDomainProvider, mac_for
@@ -226,3 +227,22 @@ def test_a_domain_of_another_stack_under_the_name_is_left_alone(test_host: TestH
     ):
         create(test_host)
     assert test_host.raw.lookupByName(NAME).UUIDString() == uuid
+
+
+def test_a_libvirt_failure_during_create_names_the_host(test_host: TestHost) -> None:
+    test_host.answer_addresses = False
+
+    class Broken(ProxyDomainProvider):
+        @staticmethod
+        def _remove(dom: Any, shutdown_timeout: float) -> None:
+            raise libvirt.libvirtError("internal error: client socket is closed")
+
+        def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> str:
+            raise libvirt.libvirtError("End of file while reading data: Input/output error")
+
+    with pytest.raises(libvirt.libvirtError) as caught:
+        Broken().create(inputs(test_host))
+    notes = "\n".join(caught.value.__notes__)
+    assert "End of file while reading data" in str(caught.value)  # the first error, kept
+    assert "host 'testhost'" in notes and f"domain {NAME}" in notes
+    assert "may remain: internal error: client socket is closed" in notes
