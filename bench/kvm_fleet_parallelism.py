@@ -17,38 +17,21 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
 from tests.support.pulumi_cli import CliStack
 from tests.support.testbed import Testbed, load_testbed
-
-
-def fleet(testbed: Testbed, url: str, replicas: int) -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": url}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = 300
-    return {
-        "providers": [provider],
-        "proxies": [
-            {
-                "name": "bench",
-                "provider": "testbed",
-                "replicas": replicas,
-                "placement": {"machineType": "small", "image": "tiny"},
-            }
-        ],
-        "squid": {"allowedClients": [str(testbed.subnet)]},
-    }
+from tests.support.tinyfleet import tiny_fleet
 
 
 def up(directory: Path, testbed: Testbed, server: FileServer, replicas: int) -> float:
     url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
-    stack = CliStack(directory, f"par{uuid.uuid4().hex[:6]}", fleet(testbed, url, replicas))
+    stack = CliStack(
+        directory,
+        f"par{uuid.uuid4().hex[:6]}",
+        tiny_fleet(testbed, url, name="bench", replicas=replicas, ip_timeout=300),
+    )
     try:
         started = time.monotonic()
         stack.ok("up", "--yes", "--skip-preview", "--parallel", str(4 * replicas))

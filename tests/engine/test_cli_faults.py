@@ -9,59 +9,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import libvirt
 import pytest
-import yaml
 
 from providers.kvm.baselock import STALE_ENV, lock_volume
 from proxyinfra.names import base_marker_volume, base_volume, proxy_id
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import PULUMI, CliStack, descendants
+from tests.support.pulumi_cli import CliStack, descendants
 from tests.support.testbed import STATE_DIR, URI, Testbed, run_testbed
+from tests.support.tinyfleet import pool_volumes, tiny_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
-
-
-def config(testbed: Testbed, url: str) -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": url}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = 180
-    placement = {"machineType": "small", "image": "tiny"}
-    return {
-        "providers": [provider],
-        "proxies": [{"name": "solo", "provider": "testbed", "replicas": 1, "placement": placement}],
-        "squid": {"allowedClients": [str(testbed.subnet)]},
-    }
-
-
-def start_up(stack: CliStack) -> subprocess.Popen[str]:
-    command = [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
-    return subprocess.Popen(
-        [*command, "--stack", stack.stack],
-        cwd=stack.directory,
-        env=stack.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def volumes(testbed: Testbed) -> set[str]:
-    conn = libvirt.open(URI)
-    try:
-        pool = conn.storagePoolLookupByName(testbed.pool)
-        pool.refresh(0)
-        return {v.name() for v in pool.listAllVolumes(0)}
-    finally:
-        conn.close()
 
 
 def kill_service(name: str, *, with_children: bool) -> None:
@@ -83,14 +46,14 @@ def test_sshd_killed_during_the_base_upload_then_the_next_up_fetches_again(
         stack = CliStack(
             tmp_path / "stack",
             f"ssh{uuid.uuid4().hex[:6]}",
-            config(testbed, url),
+            tiny_fleet(testbed, url),
             extra_env={STALE_ENV: "6"},
         )
         volume = base_volume(url, None, "qcow2")
         try:
-            run = start_up(stack)
+            run = stack.start("up", "--yes", "--skip-preview")
             deadline = time.monotonic() + 120
-            while volume not in volumes(testbed):
+            while volume not in pool_volumes(testbed):
                 assert run.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
             time.sleep(1.0)
@@ -98,13 +61,13 @@ def test_sshd_killed_during_the_base_upload_then_the_next_up_fetches_again(
             output, _ = run.communicate(timeout=300)
             assert run.returncode != 0
             assert "host 'testbed'" in output, output[-3000:]
-            assert base_marker_volume(volume) not in volumes(testbed)
+            assert base_marker_volume(volume) not in pool_volumes(testbed)
             assert run_testbed("up").returncode == 0  # sshd back
 
             done = stack.ok("up", "--yes", "--skip-preview")
             assert "its writer is gone; taking over" in done.stdout + done.stderr
             assert server.count(path) == 2  # nothing half-written trusted
-            left = volumes(testbed)
+            left = pool_volumes(testbed)
             assert base_marker_volume(volume) in left and lock_volume(volume) not in left
             conn = libvirt.open(URI)
             try:
@@ -122,10 +85,10 @@ def test_libvirtd_restarted_while_the_domain_boots_then_the_next_up_converges(
 ) -> None:
     with FileServer() as server:
         url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
-        stack = CliStack(tmp_path / "stack", f"lvd{uuid.uuid4().hex[:6]}", config(testbed, url))
+        stack = CliStack(tmp_path / "stack", f"lvd{uuid.uuid4().hex[:6]}", tiny_fleet(testbed, url))
         pid = proxy_id("egress-proxies", stack.stack, "solo-0")
         try:
-            run = start_up(stack)
+            run = stack.start("up", "--yes", "--skip-preview")
             deadline = time.monotonic() + 300
             while True:
                 conn = libvirt.open(URI)

@@ -8,40 +8,25 @@ running once, and gc finds nothing."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import libvirt
 import pytest
-import yaml
 
 from providers.kvm.baselock import STALE_ENV, lock_volume
 from proxyinfra.names import base_marker_volume, base_volume, proxy_id
 from tests.support import proxyinfra_cli
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import PULUMI, CliStack, kill_run
+from tests.support.pulumi_cli import CliStack, kill_run
 from tests.support.testbed import URI, Testbed
+from tests.support.tinyfleet import pool_volumes, tiny_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 NAMES = ("home-0", "home-1")
-
-
-def config(testbed: Testbed, url: str) -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": url}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = 180
-    placement = {"machineType": "small", "image": "tiny"}
-    return {
-        "providers": [provider],
-        "proxies": [{"name": "home", "provider": "testbed", "replicas": 2, "placement": placement}],
-        "squid": {"allowedClients": [str(testbed.subnet)]},
-    }
 
 
 def domains(conn: libvirt.virConnect) -> dict[str, str]:
@@ -55,18 +40,14 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
     conn = libvirt.open(URI)
     with FileServer() as server:
         url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
-        stack = CliStack(tmp_path / "stack", f"kill{uuid.uuid4().hex[:6]}", config(testbed, url))
+        stack = CliStack(
+            tmp_path / "stack",
+            f"kill{uuid.uuid4().hex[:6]}",
+            tiny_fleet(testbed, url, name="home", replicas=2),
+        )
         ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
         try:
-            command = [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
-            run = subprocess.Popen(
-                [*command, "--stack", stack.stack],
-                cwd=stack.directory,
-                env=stack.env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            run = stack.start("up", "--yes", "--skip-preview")
             deadline = time.monotonic() + 300
             while not all(pid in domains(conn) for pid in ids):
                 assert run.poll() is None, "pulumi up ended before its domains were defined"
@@ -111,29 +92,21 @@ def test_up_killed_during_the_base_download_recovers_with_refresh_and_up(
         stack = CliStack(
             tmp_path / "stack",
             f"kill{uuid.uuid4().hex[:6]}",
-            config(testbed, url),
+            tiny_fleet(testbed, url, name="home", replicas=2),
             extra_env={STALE_ENV: "6"},
         )
         volume = base_volume(url, None, "qcow2")
         ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
         try:
-            command = [str(PULUMI), "up", "--yes", "--skip-preview", "--non-interactive"]
-            run = subprocess.Popen(
-                [*command, "--stack", stack.stack],
-                cwd=stack.directory,
-                env=stack.env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            pool = conn.storagePoolLookupByName(testbed.pool)
+            run = stack.start("up", "--yes", "--skip-preview")
             deadline = time.monotonic() + 120
-            while server.count(path) == 0 or volume not in names(pool):
+            while server.count(path) == 0 or volume not in pool_volumes(testbed):
                 assert run.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
             time.sleep(1.0)  # part of the image is in the volume
             kill_run(run)
-            assert lock_volume(volume) in names(pool)
-            assert base_marker_volume(volume) not in names(pool)
+            assert lock_volume(volume) in pool_volumes(testbed)
+            assert base_marker_volume(volume) not in pool_volumes(testbed)
             shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
 
             stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
@@ -142,14 +115,9 @@ def test_up_killed_during_the_base_download_recovers_with_refresh_and_up(
             assert server.count(path) == 2  # fetched again, not trusted half-written
             for pid in ids:
                 assert conn.lookupByName(pid).isActive()
-            left = names(pool)
+            left = pool_volumes(testbed)
             assert base_marker_volume(volume) in left and lock_volume(volume) not in left
             stack.ok("preview", "--expect-no-changes")
         finally:
             stack.run("destroy", "--yes", "--skip-preview")
             conn.close()
-
-
-def names(pool: libvirt.virStoragePool) -> set[str]:
-    pool.refresh(0)
-    return {v.name() for v in pool.listAllVolumes(0)}

@@ -13,42 +13,22 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import libvirt
 import pytest
-import yaml
 
 from providers.kvm.baselock import STALE_ENV, lock_volume
 from proxyinfra.names import base_marker_volume, base_volume, proxy_id
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import PULUMI, CliStack, kill_run
+from tests.support.pulumi_cli import CliStack, kill_run
 from tests.support.testbed import URI, Testbed
+from tests.support.tinyfleet import pool_volumes, tiny_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 RATE = 3 * 1024 * 1024  # bytes/s: the tiny image takes a few seconds to serve
 STALE = "6"  # seconds of silence after which a lock counts as abandoned
-
-
-def config(testbed: Testbed, url: str) -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": url}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = 180
-    return {
-        "providers": [provider],
-        "proxies": [
-            {
-                "name": "solo",
-                "provider": "testbed",
-                "replicas": 1,
-                "placement": {"machineType": "small", "image": "tiny"},
-            }
-        ],
-        "squid": {"allowedClients": [str(testbed.subnet)]},
-    }
 
 
 @pytest.fixture
@@ -66,21 +46,11 @@ def stacks(directory: Path, testbed: Testbed, url: str, count: int) -> list[CliS
         CliStack(
             directory / f"s{i}",
             f"base{tag}{i}",
-            config(testbed, url),
+            tiny_fleet(testbed, url),
             extra_env={STALE_ENV: STALE},
         )
         for i in range(count)
     ]
-
-
-def pool_volumes(testbed: Testbed) -> set[str]:
-    conn = libvirt.open(URI)
-    try:
-        pool = conn.storagePoolLookupByName(testbed.pool)
-        pool.refresh(0)
-        return {v.name() for v in pool.listAllVolumes(0)}
-    finally:
-        conn.close()
 
 
 def running(testbed: Testbed, stack: CliStack) -> bool:
@@ -127,22 +97,7 @@ def test_a_killed_downloader_s_half_base_is_fetched_again(
     killed, next_one = stacks(tmp_path, testbed, url, 2)
     volume = base_volume(url, None, "qcow2")
     try:
-        process = subprocess.Popen(
-            [
-                str(PULUMI),
-                "up",
-                "--yes",
-                "--skip-preview",
-                "--non-interactive",
-                "--stack",
-                killed.stack,
-            ],
-            cwd=killed.directory,
-            env=killed.env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        process = killed.start("up", "--yes", "--skip-preview")
         deadline = time.monotonic() + 120
         while lock_volume(volume) not in pool_volumes(testbed):
             assert time.monotonic() < deadline, "the download never started"

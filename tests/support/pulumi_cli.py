@@ -95,6 +95,19 @@ class CliStack:
             timeout=timeout,
         )
 
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """`pulumi ARGS --stack STACK` in the background (output piped, stderr
+        into stdout), for a test that kills it or runs two at once."""
+        argv = [str(PULUMI), *args, "--non-interactive", "--color", "never", "--stack", self.stack]
+        return subprocess.Popen(
+            argv,
+            cwd=self.directory,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
     def ok(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
         done = self.run(*args, timeout=timeout)
         if done.returncode != 0:

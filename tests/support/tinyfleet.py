@@ -1,0 +1,41 @@
+"""A fleet of the tiny test image on the testbed, for the tests and
+benchmarks that run `pulumi up` through the real CLI, and what they look
+at on the host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libvirt
+import yaml
+
+from tests.support.testbed import URI, Testbed
+
+
+def tiny_fleet(
+    testbed: Testbed, url: str, *, name: str = "solo", replicas: int = 1, ip_timeout: int = 180
+) -> dict[str, Any]:
+    """Stack config: `replicas` VMs of the image at `url` (its own base) on the testbed."""
+    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    provider["kvm"]["images"] = {"tiny": {"url": url}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
+    provider["kvm"]["ipTimeoutSeconds"] = ip_timeout
+    placement = {"machineType": "small", "image": "tiny"}
+    return {
+        "providers": [provider],
+        "proxies": [
+            {"name": name, "provider": "testbed", "replicas": replicas, "placement": placement}
+        ],
+        "squid": {"allowedClients": [str(testbed.subnet)]},
+    }
+
+
+def pool_volumes(testbed: Testbed) -> set[str]:
+    """The names of the volumes in the testbed's pool right now."""
+    conn = libvirt.open(URI)
+    try:
+        pool = conn.storagePoolLookupByName(testbed.pool)
+        pool.refresh(0)
+        return {v.name() for v in pool.listAllVolumes(0)}
+    finally:
+        conn.close()
