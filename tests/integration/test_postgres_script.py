@@ -138,6 +138,11 @@ def test_kill_is_a_crash_that_the_next_start_recovers_from(postgres: PostgresSer
 
         postgres.kill()
         assert process_gone(pid)
+        # A backend may still be exiting when the postmaster is gone: give the
+        # kernel a moment, never forever.
+        deadline = time.monotonic() + 10
+        while not all(process_gone(p) for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert all(process_gone(p) for p in processes), [
             p for p in processes if not process_gone(p)
         ]
@@ -145,6 +150,8 @@ def test_kill_is_a_crash_that_the_next_start_recovers_from(postgres: PostgresSer
     finally:
         client.kill()
         client.communicate()
+        if not postgres.running():
+            postgres.start()  # the session's server, for the tests after this one
 
     postgres.start()
     assert postgres.psql("select x from kept", database="script_crash") == "7\n"
