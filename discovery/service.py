@@ -190,10 +190,7 @@ class Service:
             loop.create_task(self._run("maintenance", self._maintenance_loop)),
             loop.create_task(self._run("store probe", self._store_probe_loop)),
         ]
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-                self._sighup = True
+        self._listen_for_sighup(loop)
         self.ready = True
         event(log, logging.INFO, "service started")
 
@@ -202,6 +199,20 @@ class Service:
         self.store.close()
 
     async def stop(self) -> None:
+        await self._stop_background()
+        # close() waits for the writer thread to commit what is queued.
+        await asyncio.to_thread(self.store.close)
+        event(log, logging.INFO, "service stopped")
+
+    def _listen_for_sighup(self, loop: asyncio.AbstractEventLoop) -> None:
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+                self._sighup = True
+
+    async def _stop_background(self) -> None:
+        """Not ready, no SIGHUP, the loops cancelled, the health engine stopped:
+        what every service does before closing its store."""
         self.ready = False
         if self._sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
@@ -212,9 +223,6 @@ class Service:
         self._tasks = []
         if self._health is not None:
             await self._health.stop()
-        # close() waits for the writer thread to commit what is queued.
-        await asyncio.to_thread(self.store.close)
-        event(log, logging.INFO, "service stopped")
 
     def reload_fleet(self) -> None:
         """Reads the fleet again now (what SIGHUP does)."""
@@ -396,10 +404,7 @@ class SharedService(Service):
             loop.create_task(self._run("fleet", self._fleet_loop)),
             loop.create_task(self._run("maintenance", self._shared_maintenance_loop)),
         ]
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-                self._sighup = True
+        self._listen_for_sighup(loop)
         self.ready = True
         event(log, logging.INFO, "service started", store="postgresql")
 
@@ -407,16 +412,7 @@ class SharedService(Service):
         """Nothing to free: the pool closes in stop()."""
 
     async def stop(self) -> None:
-        self.ready = False
-        if self._sighup:
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            self._sighup = False
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        if self._health is not None:
-            await self._health.stop()
+        await self._stop_background()
         await self.pg.close()
         event(log, logging.INFO, "service stopped")
 
