@@ -468,10 +468,11 @@ async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[Pha
     commits = _metric(metrics, "discovery_store_commit_duration_seconds_count")
     commit_sum = _metric(metrics, "discovery_store_commit_duration_seconds_sum")
     ops = _metric(metrics, "discovery_store_ops_total")
-    print(
-        f"store: {commits:.0f} commits, {ops / commits:.1f} ops per commit, "
-        f"{commit_sum / commits * 1000:.2f} ms per commit (fsync included)"
-    )
+    if commits:
+        print(
+            f"store: {commits:.0f} commits, {ops / commits:.1f} ops per commit, "
+            f"{commit_sum / commits * 1000:.2f} ms per commit (fsync included)"
+        )
     return results
 
 

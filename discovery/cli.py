@@ -189,7 +189,7 @@ def run_server(service: AnyService) -> int:
     """Serves the API of an opened service with uvicorn (one worker) until SIGTERM or SIGINT."""
     import uvicorn  # imported here: `--help` and argument errors stay fast
 
-    from discovery import connections
+    from discovery import connections, heap
     from discovery.app import create_app
 
     settings = service.settings
@@ -238,6 +238,7 @@ def run_server(service: AnyService) -> int:
         fd_limit=fd_limit,
         max_connections=guard.max_connections,
     )
+    heap.settle()
     try:
         server.run()
     except SystemExit as exc:  # uvicorn's way to fail a start (port taken: 3); ours is 1

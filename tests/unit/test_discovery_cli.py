@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
@@ -168,3 +169,40 @@ def test_a_taken_port_stops_the_service_with_exit_1(tmp_path: Path) -> None:
         done = _serve(tmp_path, "--listen", f"127.0.0.1:{taken.getsockname()[1]}")
     assert done.returncode == 1
     assert "address already in use" in done.stderr
+
+
+def test_the_server_runs_with_the_start_up_heap_frozen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Full collections walked the whole fleet mid-request (discovery/heap.py):
+    what exists when serving begins is frozen, young collections are rarer."""
+    import uvicorn
+
+    from discovery import heap
+
+    seen: list[tuple[int, tuple[int, int, int]]] = []
+    monkeypatch.setattr(
+        uvicorn.Server, "run", lambda self: seen.append((gc.get_freeze_count(), gc.get_threshold()))
+    )
+    write_fleet(tmp_path / "f.json", [proxy_entry("a")])
+    thresholds = gc.get_threshold()
+    try:
+        main(
+            [
+                "serve",
+                "--fleet",
+                str(tmp_path / "f.json"),
+                "--listen",
+                "127.0.0.1:1",
+                "--db",
+                str(tmp_path / "l.db"),
+                "--probe-target",
+                "127.0.0.1:9",
+            ]
+        )
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+    [(frozen, during)] = seen
+    assert frozen > 10_000  # the interpreter, the app, the fleet
+    assert during == (heap.YOUNG_THRESHOLD, *heap.OLDER_THRESHOLDS)
