@@ -1,5 +1,5 @@
-"""`pulumi up` killed with SIGKILL (while its domains boot; during the base
-image's download), then the documented recovery (docs/kvm-provider.md, "When
+"""`pulumi up` killed with SIGKILL (while its domains boot; once its overlays
+and seeds exist, before any domain; during the base image's download), then the documented recovery (docs/kvm-provider.md, "When
 a run is interrupted"): `pulumi refresh --clear-pending-creates --yes`, then
 `pulumi up --yes`. What the killed run left under its fixed names is this
 stack's: the new creates replace or take it over, every proxy ends up
@@ -16,11 +16,17 @@ import libvirt
 import pytest
 
 from providers.kvm.baselock import STALE_ENV, lock_volume
-from proxyinfra.names import base_marker_volume, base_volume, proxy_id
+from proxyinfra.names import (
+    base_marker_volume,
+    base_volume,
+    overlay_volume,
+    proxy_id,
+    seed_volume,
+)
 from tests.support import proxyinfra_cli
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
-from tests.support.pulumi_cli import CliStack, kill_run
+from tests.support.pulumi_cli import CliStack, freeze_run, kill_run
 from tests.support.testbed import URI, Testbed
 from tests.support.tinyfleet import pool_volumes, tiny_fleet
 
@@ -68,6 +74,56 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
             manifest = stack.output("fleet")
             assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
             assert all(p["host"] for p in manifest["proxies"])
+            stack.ok("preview", "--expect-no-changes")
+            gc = proxyinfra_cli(
+                stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()
+            )
+            assert gc.returncode == 0 and "no orphans" in gc.stdout, gc.stdout + gc.stderr
+        finally:
+            stack.run("destroy", "--yes", "--skip-preview")
+            conn.close()
+
+
+def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The run is frozen (SIGSTOP) the moment every proxy's overlay and seed
+    is in the pool, before any domain is defined, then killed: the disks and
+    seeds stay under their fixed names, recorded in the state or not. The
+    recovery takes them over or replaces them; each proxy ends up with one
+    overlay, one seed and one running domain."""
+    conn = libvirt.open(URI)
+    with FileServer() as server:
+        url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
+        stack = CliStack(
+            tmp_path / "stack",
+            f"kill{uuid.uuid4().hex[:6]}",
+            tiny_fleet(testbed, url, name="home", replicas=2),
+        )
+        ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
+        disks = {overlay_volume(pid) for pid in ids} | {seed_volume(pid) for pid in ids}
+        try:
+            run = stack.start("up", "--yes", "--skip-preview")
+            deadline = time.monotonic() + 300
+            while not disks <= pool_volumes(testbed):
+                assert run.poll() is None, "pulumi up ended before its disks were made"
+                assert time.monotonic() < deadline, "the overlays and seeds were never made"
+                time.sleep(0.02)
+            freeze_run(run)
+            defined = set(domains(conn)) & set(ids)
+            kill_run(run)
+            assert not defined, f"domains {defined} were defined before the freeze"
+            assert disks <= pool_volumes(testbed)
+            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
+
+            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
+            stack.ok("up", "--yes", "--skip-preview")
+            for pid in ids:
+                assert conn.lookupByName(pid).isActive()
+            ours = {v for v in pool_volumes(testbed) if any(pid in v for pid in ids)}
+            assert ours == disks, "one overlay and one seed per proxy, nothing else"
+            manifest = stack.output("fleet")
+            assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
             stack.ok("preview", "--expect-no-changes")
             gc = proxyinfra_cli(
                 stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()

@@ -149,6 +149,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def freeze_run(process: subprocess.Popen[Any]) -> None:
+    """SIGSTOP a `pulumi` run and everything it started: nothing it does
+    after this moment happens (kill_run then ends it where it stood)."""
+    import signal
+
+    for pid in [process.pid, *descendants(process.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+
+
 def kill_run(process: subprocess.Popen[Any]) -> None:
     """SIGKILL a `pulumi` run and everything it started (language host,
     providers), as a crash or the OOM killer would end them."""
