@@ -141,7 +141,11 @@ def _operations() -> dict[str, dict[str, Any]]:
                 "parameters": [
                     _query("provider", {"type": "string"}, "only this provider's proxies"),
                     _query("zone", {"type": "string"}, "only this zone's"),
-                    _query("label", {"type": "string"}, "only those with this label (key=value)"),
+                    _query(
+                        "label",
+                        {"type": "string", "pattern": "^[^=]+="},
+                        "only those with this label (key=value)",
+                    ),
                     _query("state", {"enum": list(STATES)}, "only those in this state"),
                     _query("name", {"type": "string"}, "only those whose name contains this"),
                     _query("offset", {"type": "integer", "minimum": 0}, "default 0"),

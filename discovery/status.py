@@ -18,6 +18,7 @@ from discovery.leases import rfc3339
 STATES = ("healthy", "unhealthy", "unknown", "leased", "free", "cooling")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
+PARAMETERS = ("provider", "zone", "label", "state", "name", "offset", "limit")
 MAX_FACET_VALUES = 500  # per filter: a fleet with more distinct labels lists the first ones
 
 
@@ -37,21 +38,26 @@ class StatusQuery:
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> StatusQuery:
+        """From the query string; a parameter that is there must be valid
+        (the page leaves out the filters it does not use)."""
+        unknown = sorted(set(params) - set(PARAMETERS))
+        if unknown:
+            raise BadQuery(f"unknown parameter {unknown[0]!r}")
         label = None
-        if params.get("label"):
+        if "label" in params:
             key, sep, value = params["label"].partition("=")
             if not sep or not key:
                 raise BadQuery("label: want key=value")
             label = (key, value)
-        state = params.get("state") or None
+        state = params.get("state")
         if state is not None and state not in STATES:
             raise BadQuery(f"state: one of {', '.join(STATES)}")
         return cls(
-            provider=params.get("provider") or None,
-            zone=params.get("zone") or None,
+            provider=params.get("provider"),
+            zone=params.get("zone"),
             label=label,
             state=state,
-            name=params.get("name") or None,
+            name=params.get("name"),
             offset=_integer(params, "offset", 0, 0, None),
             limit=_integer(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
         )
@@ -70,7 +76,7 @@ class StatusQuery:
 
 def _integer(params: Mapping[str, str], key: str, default: int, low: int, high: int | None) -> int:
     raw = params.get(key)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     if not (raw.isascii() and raw.isdigit()):
         raise BadQuery(f"{key}: want a whole number")
