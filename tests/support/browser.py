@@ -1,6 +1,6 @@
 """Debian's Chromium, headless, driven by Python's playwright, for the status page's tests.
 
-    def test_x(browser: Browser) -> None:
+    def test_x(browser: Browser) -> None:     # the fixture, from tests/conftest.py
         page = browser.new_context().new_page()
         page.goto(url)
 
@@ -34,6 +34,8 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # /dev/shm may be small where CI runs in a container; temporary files instead.
+    "--disable-dev-shm-usage",
 )
 ARTIFACTS = ROOT / ".cache" / "artifacts" / "status-page"
 
@@ -48,9 +50,11 @@ def launch(playwright: Playwright) -> Browser:
     return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=list(FLAGS))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """One headless Chromium for the session; each test makes its own context (cookies)."""
+    """One headless Chromium per test module (closed with it: no driver or
+    browser process outlives the module's tests); each test makes its own
+    context (cookies)."""
     with sync_playwright() as playwright:
         running = launch(playwright)
         try:
