@@ -40,8 +40,9 @@ SCHEMA_VERSION = 2
 MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
 LEADER_LOCK = 0x6567_7265_7374  # held by the replica that runs the health probes
 GRANT_ATTEMPTS = 8
-# A health flush this large (a new prober's first) refreshes the statistics:
-# grants are planned on `health`, which it has just changed for many rows.
+# A health flush that changes this many proxies' health (a new prober's first)
+# refreshes the statistics: grants are planned on `health`. (Rows rewritten
+# only for their latency or recent probes do not count.)
 ANALYZE_AFTER = 100
 POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
 EVERYWHERE = "*"
@@ -553,8 +554,11 @@ class PgStore:
 
     # -- health, written by the leader -----------------------------------------------------
 
-    async def write_health(self, rows: Sequence[tuple[str, HealthView]]) -> None:
-        """(name, view) per proxy whose view changed."""
+    async def write_health(
+        self, rows: Sequence[tuple[str, HealthView]], *, health_changes: int | None = None
+    ) -> None:
+        """(name, view) per proxy whose view changed; `health_changes`: how many
+        of them changed health (all, unless told), which decides the ANALYZE."""
         if not rows:
             return
         async with self.transaction() as conn:
@@ -575,7 +579,8 @@ class PgStore:
                     [_array_literal(v.recent_ms) for _, v in rows],
                 ),
             )
-            if len(rows) >= ANALYZE_AFTER:
+            changed = len(rows) if health_changes is None else health_changes
+            if changed >= ANALYZE_AFTER:
                 await conn.execute("ANALYZE discovery_proxies")
 
     async def take_error_reports(self) -> list[tuple[str, str]]:

@@ -276,7 +276,10 @@ class Leadership:
             view = HealthView(str(state.health), latency, state.last_error, state.recent_ms)
             if written.get(state.name) != view:
                 rows.append((state.name, view))
-        await self._store.write_health(rows)
+        changed = sum(
+            1 for name, view in rows if name not in written or written[name].health != view.health
+        )
+        await self._store.write_health(rows, health_changes=changed)
         written.update(rows)
 
 
