@@ -34,6 +34,7 @@ from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUn
 from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
 from discovery.openapi import openapi_document
 from discovery.service import Service
+from discovery.ui import Sessions, ui_routes
 
 log = logging.getLogger("discovery.http")
 
@@ -119,12 +120,22 @@ def create_app(service: Service) -> ASGIApp:
         finally:
             await service.stop()
 
+    async def detailed() -> list[dict[str, Any]]:
+        return await book().proxies_json(detail=True)
+
+    # The status page (ui.py): its own login, a cookie that only it accepts.
+    page = ui_routes(
+        detailed,
+        Sessions(service.settings.token),
+        grants_last_minute=service.metrics.recent_grants.total,
+    )
     app = Starlette(
         routes=[
             Route("/v1/proxies", proxies, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *page,
         ],
         exception_handlers={
             BadInput: bad_input,

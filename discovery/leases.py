@@ -337,7 +337,7 @@ class LeaseBook:
         lease.committed = True
         self._last_used[name] = now
         heapq.heappush(self._expiry, (lease.expires_at, lease.id))
-        self._metrics.granted.inc()
+        self._metrics.grant()
         event(log, logging.DEBUG, "lease granted", lease=lease.id, proxy=name, holder=holder)
         return lease
 
@@ -502,23 +502,32 @@ class LeaseBook:
     def lease_json(self, lease: Lease) -> dict[str, Any]:
         return lease_json(lease)
 
-    async def proxies_json(self) -> list[dict[str, Any]]:
+    async def proxies_json(self, *, detail: bool = False) -> list[dict[str, Any]]:
+        """The fleet as `GET /v1/proxies` shows it; `detail` adds each lease's
+        holder and end and the recent probe times (the status page)."""
         now = self._clock()
         answer = []
         for name, proxy in self._fleet.items():
             state = self._health.health(name)
+            lease = self._by_proxy.get(name)
             answer.append(
                 proxy_json(
                     proxy,
                     health=str(state.health) if state else str(Health.UNKNOWN),
                     latency_ms=state.latency_ms if state else None,
                     last_error=state.last_error if state else None,
-                    leased=name in self._by_proxy,
+                    leased=lease is not None,
                     cooldowns=[
                         (until, target)
                         for target, until in self._cooldowns.get(name, {}).items()
                         if until > now
                     ],
+                    detail=ProxyDetail(
+                        (lease.holder, lease.expires_at) if lease is not None else None,
+                        state.recent_ms if state else (),
+                    )
+                    if detail
+                    else None,
                 )
             )
         return answer
@@ -630,6 +639,14 @@ def lease_json(lease: Lease) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ProxyDetail:
+    """What the status page shows beyond `GET /v1/proxies`."""
+
+    lease: tuple[str, float] | None  # (holder, expires at)
+    recent_ms: Sequence[float | None]  # the latest probes' times, oldest first
+
+
 def proxy_json(
     proxy: FleetProxy,
     *,
@@ -638,12 +655,14 @@ def proxy_json(
     last_error: str | None,
     leased: bool,
     cooldowns: list[tuple[float, str]],
+    detail: ProxyDetail | None = None,
 ) -> dict[str, Any]:
-    """One proxy in `GET /v1/proxies`: never its credentials."""
+    """One proxy in `GET /v1/proxies` (with `detail`: on the status page):
+    never its credentials."""
     if last_error and proxy.password:
         # The engine should never put a password in an error; make sure.
         last_error = last_error.replace(proxy.password, "[redacted]")
-    return {
+    answer: dict[str, Any] = {
         "name": proxy.name,
         "provider": proxy.provider,
         "type": proxy.type,
@@ -655,6 +674,14 @@ def proxy_json(
         "leased": leased,
         "cooldowns": [{"target": t, "until": rfc3339(u)} for u, t in sorted(cooldowns)],
     }
+    if detail is not None:
+        answer["lease"] = (
+            {"holder": detail.lease[0], "expiresAt": rfc3339(detail.lease[1])}
+            if detail.lease is not None
+            else None
+        )
+        answer["recentMs"] = list(detail.recent_ms)
+    return answer
 
 
 def refusal(
@@ -707,6 +734,7 @@ __all__ = [
     "LeaseBook",
     "LeaseNotFound",
     "NoProxyAvailable",
+    "ProxyDetail",
     "StoreUnavailable",
     "lease_json",
     "proxy_json",

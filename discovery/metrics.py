@@ -8,6 +8,7 @@ time, so they can never drift from it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,6 +25,31 @@ class StateSnapshot:
     leases_active: int
     cooldowns_active: int
     proxies_by_health: dict[str, int]
+
+
+class RecentRate:
+    """Events in the last `window` seconds, counted in one-second buckets (a
+    fixed size whatever the rate): the status page's grants per minute."""
+
+    def __init__(self, window: int = 60, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window
+        self._clock = clock
+        self._counts = [0] * window
+        self._seconds = [-window] * window  # which second each bucket counts
+
+    def add(self, n: int = 1) -> None:
+        second = int(self._clock())
+        i = second % self._window
+        if self._seconds[i] != second:
+            self._seconds[i], self._counts[i] = second, 0
+        self._counts[i] += n
+
+    def total(self) -> int:
+        """Events in the window that ends now."""
+        now = int(self._clock())
+        return sum(
+            c for c, s in zip(self._counts, self._seconds, strict=True) if now - s < self._window
+        )
 
 
 class _StateCollector(Collector):
@@ -52,6 +78,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.granted = Counter("discovery_leases_granted", "Leases granted", registry=registry)
+        self.recent_grants = RecentRate()  # this process's, for the status page
         self.denied = Counter(
             "discovery_lease_denials",
             "Grant requests answered 409, by why nothing was eligible",
@@ -96,6 +123,11 @@ class Metrics:
             self.denied.labels(reason)  # present at 0 from the start
         for outcome in ("ok", "blocked", "error"):
             self.reports.labels(outcome)
+
+    def grant(self) -> None:
+        """One lease granted."""
+        self.granted.inc()
+        self.recent_grants.add()
 
     def watch_state(self, snapshot: Callable[[], StateSnapshot]) -> None:
         self.registry.register(_StateCollector(snapshot))

@@ -11,6 +11,7 @@ from pydantic.json_schema import models_json_schema
 
 from discovery.schemas import (
     ErrorAnswer,
+    FleetStatus,
     LeaseAnswer,
     LeaseRequest,
     ProxiesAnswer,
@@ -18,6 +19,7 @@ from discovery.schemas import (
     ReportRequest,
     StatusAnswer,
 )
+from discovery.status import DEFAULT_LIMIT, MAX_LIMIT, STATES
 
 _REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -129,6 +131,37 @@ def _operations() -> dict[str, dict[str, Any]]:
                 },
             }
         },
+        "/ui/api/status": {
+            "get": {
+                "operationId": "fleetStatus",
+                "tags": ["fleet"],
+                "summary": "The status page's data: fleet totals and one page of proxies",
+                "description": "Takes the bearer token or the status page's session cookie "
+                "(set by POST /ui/login). Never shows credentials.",
+                "parameters": [
+                    _query("provider", {"type": "string"}, "only this provider's proxies"),
+                    _query("zone", {"type": "string"}, "only this zone's"),
+                    _query(
+                        "label",
+                        {"type": "string", "pattern": "^[^=]+="},
+                        "only those with this label (key=value)",
+                    ),
+                    _query("state", {"enum": list(STATES)}, "only those in this state"),
+                    _query("name", {"type": "string"}, "only those whose name contains this"),
+                    _query("offset", {"type": "integer", "minimum": 0}, "default 0"),
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                        f"default {DEFAULT_LIMIT}",
+                    ),
+                ],
+                "responses": {
+                    "200": _json(FleetStatus, "totals, filter values and the page of proxies"),
+                    "400": _error("a query parameter out of range"),
+                    "401": _error("no session cookie and no bearer token (when one is set)"),
+                },
+            }
+        },
         "/healthz": {
             "get": {
                 "operationId": "healthz",
@@ -171,6 +204,16 @@ def _operations() -> dict[str, dict[str, Any]]:
     }
 
 
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": description,
+    }
+
+
 def openapi_document(*, bearer: bool) -> dict[str, Any]:
     """The document; `bearer`: /v1/* operations require the token."""
     models: list[type[BaseModel]] = [
@@ -179,6 +222,7 @@ def openapi_document(*, bearer: bool) -> dict[str, Any]:
         ReportRequest,
         LeaseAnswer,
         ProxiesAnswer,
+        FleetStatus,
         ErrorAnswer,
         StatusAnswer,
     ]

@@ -36,12 +36,13 @@ from discovery.store import MAX_TARGET_COOLDOWNS, StoreError
 
 log = logging.getLogger("discovery.pgstore")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
 LEADER_LOCK = 0x6567_7265_7374  # held by the replica that runs the health probes
 GRANT_ATTEMPTS = 8
-# A health flush this large (a new prober's first) refreshes the statistics:
-# grants are planned on `health`, which it has just changed for many rows.
+# A health flush that changes this many proxies' health (a new prober's first)
+# refreshes the statistics: grants are planned on `health`. (Rows rewritten
+# only for their latency or recent probes do not count.)
 ANALYZE_AFTER = 100
 POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
 EVERYWHERE = "*"
@@ -100,6 +101,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX discovery_reports_at ON discovery_reports (at)",
     ),
+    (
+        # The latest probes' times (NULL for a failure), for the status page.
+        "ALTER TABLE discovery_proxies ADD COLUMN recent_ms double precision[]",
+    ),
 )
 
 
@@ -122,6 +127,18 @@ class ProxyRow:
     last_error: str | None
     leased: bool
     cooldowns: tuple[tuple[str, float], ...]  # (target, until)
+    lease: tuple[str, float] | None = None  # (holder, expires at) of the live lease
+    recent_ms: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """What the prober writes of one proxy."""
+
+    health: str
+    latency_ms: float | None
+    last_error: str | None
+    recent_ms: tuple[float | None, ...]
 
 
 def _scopes(host: str | None) -> list[str]:
@@ -496,7 +513,8 @@ class PgStore:
         async with self.transaction() as conn:
             cur = await conn.execute(
                 """SELECT extract(epoch from now())::float8, p.name, p.health, p.latency_ms,
-                          p.last_error, l.proxy IS NOT NULL
+                          p.last_error, l.proxy IS NOT NULL, l.holder,
+                          extract(epoch from l.expires_at)::float8, p.recent_ms
                    FROM discovery_proxies p
                    LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > now()"""
             )
@@ -511,7 +529,16 @@ class PgStore:
         for proxy, target, until in cooldowns:
             by_proxy.setdefault(proxy, []).append((target, float(until)))
         return now, {
-            r[1]: ProxyRow(r[1], r[2], r[3], r[4], bool(r[5]), tuple(by_proxy.get(r[1], ())))
+            r[1]: ProxyRow(
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                bool(r[5]),
+                tuple(by_proxy.get(r[1], ())),
+                (str(r[6]), float(r[7])) if r[5] else None,
+                tuple(r[8] or ()),
+            )
             for r in rows
         }
 
@@ -527,25 +554,33 @@ class PgStore:
 
     # -- health, written by the leader -----------------------------------------------------
 
-    async def write_health(self, rows: Sequence[tuple[str, str, float | None, str | None]]) -> None:
-        """(name, health, latency ms, last error) per proxy whose view changed."""
+    async def write_health(
+        self, rows: Sequence[tuple[str, HealthView]], *, health_changes: int | None = None
+    ) -> None:
+        """(name, view) per proxy whose view changed; `health_changes`: how many
+        of them changed health (all, unless told), which decides the ANALYZE."""
         if not rows:
             return
         async with self.transaction() as conn:
+            # The histories travel as array literals (unnest would flatten a
+            # two-dimensional array) and are cast back per row.
             await conn.execute(
                 """UPDATE discovery_proxies p
-                   SET health = h.health, latency_ms = h.latency, last_error = h.error
-                   FROM unnest(%s::text[], %s::text[], %s::float8[], %s::text[])
-                        AS h(name, health, latency, error)
+                   SET health = h.health, latency_ms = h.latency, last_error = h.error,
+                       recent_ms = h.recent::float8[]
+                   FROM unnest(%s::text[], %s::text[], %s::float8[], %s::text[], %s::text[])
+                        AS h(name, health, latency, error, recent)
                    WHERE p.name = h.name""",
                 (
-                    [r[0] for r in rows],
-                    [r[1] for r in rows],
-                    [r[2] for r in rows],
-                    [r[3] for r in rows],
+                    [name for name, _ in rows],
+                    [v.health for _, v in rows],
+                    [v.latency_ms for _, v in rows],
+                    [v.last_error for _, v in rows],
+                    [_array_literal(v.recent_ms) for _, v in rows],
                 ),
             )
-            if len(rows) >= ANALYZE_AFTER:
+            changed = len(rows) if health_changes is None else health_changes
+            if changed >= ANALYZE_AFTER:
                 await conn.execute("ANALYZE discovery_proxies")
 
     async def take_error_reports(self) -> list[tuple[str, str]]:
@@ -596,9 +631,14 @@ def _migrate(conn: psycopg.Connection[Any]) -> int:
     return version
 
 
+def _array_literal(values: Sequence[float | None]) -> str:
+    """A float8[] literal: `{1.5,NULL,2}`."""
+    return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
+
+
 def _reason(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 
 
-__all__ = ["LEADER_LOCK", "LeaseRow", "PgStore", "ProxyRow"]
+__all__ = ["LEADER_LOCK", "HealthView", "LeaseRow", "PgStore", "ProxyRow"]

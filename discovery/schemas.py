@@ -117,6 +117,48 @@ class ProxiesAnswer(BaseModel):
     proxies: list[ProxyView]
 
 
+class LeaseHolder(BaseModel):
+    holder: str
+    expires_at: str = Field(alias="expiresAt", description="RFC 3339, UTC")
+
+
+class StatusProxyView(ProxyView):
+    lease: LeaseHolder | None = Field(description="who holds the proxy, until when")
+    recent_ms: list[float | None] = Field(
+        alias="recentMs",
+        description="the latest probes' total times in ms, oldest first (null: failed)",
+    )
+
+
+class FleetTotals(BaseModel):
+    proxies: int
+    healthy: int
+    unhealthy: int
+    unknown: int
+    leased: int
+    cooling: int = Field(description="proxies with at least one cooldown")
+    grants_per_minute: int = Field(
+        alias="grantsPerMinute", description="leases this replica granted in the last 60 s"
+    )
+
+
+class StatusFilters(BaseModel):
+    providers: list[str]
+    zones: list[str]
+    labels: list[str] = Field(description="key=value")
+    states: list[str]
+
+
+class FleetStatus(BaseModel):
+    now: str = Field(description="the service's clock, RFC 3339, UTC")
+    totals: FleetTotals = Field(description="over the whole fleet, whatever the filters")
+    filters: StatusFilters = Field(description="the values each filter can take")
+    matching: int = Field(description="proxies matching the filters")
+    offset: int
+    limit: int
+    proxies: list[StatusProxyView] = Field(description="one page of the matching proxies")
+
+
 class ErrorAnswer(BaseModel):
     error: str = Field(description="a stable code: bad_request, unauthorized, lease_not_found, ...")
     detail: str

@@ -31,6 +31,7 @@ from discovery.leases import (
     Lease,
     LeaseNotFound,
     Outcome,
+    ProxyDetail,
     StoreUnavailable,
     _LeaseIds,
     lease_json,
@@ -39,7 +40,7 @@ from discovery.leases import (
 )
 from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
-from discovery.pgstore import LEADER_LOCK, LeaseRow, PgStore
+from discovery.pgstore import LEADER_LOCK, HealthView, LeaseRow, PgStore
 from discovery.selection import Selector
 from discovery.store import StoreError
 from health.model import Health
@@ -119,7 +120,7 @@ class SharedLeaseBook:
             await self._call(self._store.release(row.id))
         else:
             raise StoreUnavailable("this replica's fleet is behind the shared store's")
-        self._metrics.granted.inc()
+        self._metrics.grant()
         event(log, logging.DEBUG, "lease granted", lease=row.id, proxy=row.proxy, holder=holder)
         return self._lease(row)
 
@@ -162,8 +163,9 @@ class SharedLeaseBook:
     def lease_json(self, lease: Lease) -> dict[str, Any]:
         return lease_json(lease)
 
-    async def proxies_json(self) -> list[dict[str, Any]]:
-        """The fleet as the database sees it: the same answer on every replica."""
+    async def proxies_json(self, *, detail: bool = False) -> list[dict[str, Any]]:
+        """The fleet as the database sees it: the same answer on every replica
+        (`detail`: as LeaseBook.proxies_json)."""
         now, rows = await self._call(self._store.proxies())
         answer = []
         for name, proxy in self._fleet.items():
@@ -176,6 +178,9 @@ class SharedLeaseBook:
                     last_error=row.last_error if row else None,
                     leased=bool(row and row.leased),
                     cooldowns=[(u, t) for t, u in (row.cooldowns if row else ()) if u > now],
+                    detail=ProxyDetail(row.lease if row else None, row.recent_ms if row else ())
+                    if detail
+                    else None,
                 )
             )
         return answer
@@ -252,7 +257,7 @@ class Leadership:
         self.leading = True
         event(log, logging.INFO, "leading: this replica probes the fleet")
         await self._engine.start()
-        written: dict[str, tuple[str, float | None, str | None]] = {}
+        written: dict[str, HealthView] = {}
         while True:
             await self._flush(written)
             for name, error in await self._store.take_error_reports():
@@ -260,19 +265,22 @@ class Leadership:
             await conn.execute("SELECT 1")  # the lock lives as long as this connection
             await asyncio.sleep(FLUSH_S)
 
-    async def _flush(self, written: dict[str, tuple[str, float | None, str | None]]) -> None:
+    async def _flush(self, written: dict[str, HealthView]) -> None:
         """Writes every proxy whose view changed since the last flush. A proxy
         not probed yet (a leader just taking over) keeps what the last one wrote."""
-        rows: list[tuple[str, str, float | None, str | None]] = []
+        rows: list[tuple[str, HealthView]] = []
         for state in self._engine.all():
             if state.health == Health.UNKNOWN:
                 continue
             latency = round(state.latency_ms, 1) if state.latency_ms is not None else None
-            view = (str(state.health), latency, state.last_error)
+            view = HealthView(str(state.health), latency, state.last_error, state.recent_ms)
             if written.get(state.name) != view:
-                rows.append((state.name, *view))
-        await self._store.write_health(rows)
-        written.update({name: (health, latency, error) for name, health, latency, error in rows})
+                rows.append((state.name, view))
+        changed = sum(
+            1 for name, view in rows if name not in written or written[name].health != view.health
+        )
+        await self._store.write_health(rows, health_changes=changed)
+        written.update(rows)
 
 
 __all__ = ["Leadership", "SharedLeaseBook"]

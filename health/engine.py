@@ -17,7 +17,9 @@ State.  A proxy starts unknown; `fail_threshold` consecutive failures make it
 unhealthy, `ok_threshold` consecutive successes healthy.  A probe the prober
 could not run for its own shortage (Outcome.LOCAL: out of file descriptors)
 counts neither way: it is logged and counted in `egress_health_probes`.
-Latency is an exponentially weighted moving average of successful probes.
+Latency is an exponentially weighted moving average of successful probes;
+the last HISTORY probes' times (None for a failure) are kept too, as a tuple
+that each probe replaces, so a snapshot shares it without copying.
 The listener hears every change of health, synchronously, on the loop.
 """
 
@@ -37,7 +39,14 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry
 
 from health.metrics import HealthMetrics
-from health.model import Health, HealthListener, Outcome, ProxyEndpoint, ProxyHealth
+from health.model import (
+    HISTORY,
+    Health,
+    HealthListener,
+    Outcome,
+    ProxyEndpoint,
+    ProxyHealth,
+)
 from health.probe import ProbeFn, ProbeResult, check_target, probe
 
 log = logging.getLogger("health")
@@ -65,11 +74,22 @@ class _Proxy:
     latency_ms: float | None = None
     last_error: str | None = None
     probes: int = 0
+    recent: tuple[float | None, ...] = ()
 
     def snapshot(self) -> ProxyHealth:
         return ProxyHealth(
-            self.endpoint.name, self.health, self.latency_ms, self.last_error, self.changed_at
+            self.endpoint.name,
+            self.health,
+            self.latency_ms,
+            self.last_error,
+            self.changed_at,
+            self.recent,
         )
+
+    def remember(self, ms: float | None) -> None:
+        """One more probe in the bounded history."""
+        kept = self.recent if len(self.recent) < HISTORY else self.recent[1:]
+        self.recent = (*kept, None if ms is None else round(ms, 1))
 
 
 class HealthEngine:
@@ -349,9 +369,11 @@ class HealthEngine:
             if ms is not None:
                 metrics.latency[phase].observe(ms / 1000.0)
         if not result.ok:
+            proxy.remember(None)
             self._failure(proxy, f"{result.outcome.value}: {result.error}")
             return
         total = result.total_ms
+        proxy.remember(total)
         if total is not None:
             metrics.latency["total"].observe(total / 1000.0)
             previous = proxy.latency_ms

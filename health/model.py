@@ -56,6 +56,14 @@ class ProxyHealth:
     latency_ms: float | None  # moving average of successful probes
     last_error: str | None
     changed_at: datetime | None
+    # The latest probes' total times, oldest first, at most HISTORY of them;
+    # None for a probe that failed (the status page's sparkline).
+    recent_ms: tuple[float | None, ...] = ()
+
+
+# How many recent probes a proxy's history keeps (bounded: 10,000 proxies
+# times this many numbers is what the service holds for the status page).
+HISTORY = 20
 
 
 class HealthListener(Protocol):

@@ -11,6 +11,7 @@ from collections.abc import Generator
 
 import pytest
 
+from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
 from tests.support.testbed import testbed  # noqa: F401  (session fixture: the libvirt testbed)
 

@@ -52,6 +52,7 @@ OPERATIONS = [
     ("POST", "/v1/leases/{lease_id}/report", True),
     ("DELETE", "/v1/leases/{lease_id}", True),
     ("GET", "/v1/proxies", False),
+    ("GET", "/ui/api/status", True),
     ("GET", "/healthz", False),
     ("GET", "/readyz", False),
     ("GET", "/metrics", False),

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from health.engine import HealthEngine
-from health.model import Health, Outcome, ProxyEndpoint
+from health.model import HISTORY, Health, Outcome, ProxyEndpoint
 from health.probe import (
     MalformedAnswer,
     ProbeResult,
@@ -181,6 +181,24 @@ def test_latency_is_an_ewma_of_successful_probes() -> None:
         return [(await eng.probe_now("a")).latency_ms for _ in range(4)]
 
     assert run(body()) == [10.0, 15.0, 15.0, 7.5]
+
+
+def test_the_recent_probes_are_kept_bounded_failures_as_none() -> None:
+    script = [ok(float(n)) for n in range(1, HISTORY + 5)] + [failed(), ok(2.25)]
+    fake = FakeProbe(results={"a": script})
+    eng = engine(fake, fail_threshold=5)
+    eng.set_fleet(endpoints("a"))
+
+    async def body() -> list[tuple[float | None, ...]]:
+        return [(await eng.probe_now("a")).recent_ms for _ in range(len(script))]
+
+    seen = run(body())
+    assert seen[0] == (1.0,) and seen[2] == (1.0, 2.0, 3.0)
+    assert all(len(recent) <= HISTORY for recent in seen)
+    assert seen[-1][-3:] == (float(HISTORY + 4), None, 2.2)
+    assert len(seen[-1]) == HISTORY
+    eng.report_error("a", "a crawler's report is not a probe")
+    assert eng.health("a") is not None and eng.health("a").recent_ms == seen[-1]  # type: ignore[union-attr]
 
 
 def test_crawler_error_report_counts_as_a_failed_probe() -> None:
