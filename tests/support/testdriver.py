@@ -15,7 +15,10 @@ and only here:
 - volume resize: the volume is made again at the new capacity;
 - free memory (the driver reports 0 for a node file): settable per host;
 - undefine with the NVRAM flag (refused by the driver): the flag is dropped;
-- faults: ``fail_upload_after`` breaks an upload after that many bytes.
+- faults: ``fail_upload_after`` breaks an upload after that many bytes;
+  ``prewrite_qcow2`` gives a new qcow2 volume a file of that many bytes (what
+  qemu-img create writes), which an upload overwrites but, as libvirt's,
+  never truncates.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class TestHost:
         self.free_memory = free_memory
         self.contents: dict[str, bytes] = {}
         self.fail_upload_after: int | None = None
+        self.prewrite_qcow2 = 0
+        self.prewritten: set[str] = set()  # volume paths given a pre-written file
         self.answer_addresses = True  # False: the guest never reports an address
         self.uploads: list[str] = []  # volume names, in the order their uploads finished
         self.mtimes: dict[str, float] = {}  # volume path -> when its last upload finished
@@ -156,7 +161,7 @@ def _wrap(value: Any, host: TestHost) -> Any:
     if isinstance(value, libvirt.virNetwork):
         return _Network(value, host)
     if isinstance(value, libvirt.virStoragePool):
-        return _Wrapper(value, host)
+        return _Pool(value, host)
     if isinstance(value, libvirt.virStorageVol):
         return _Vol(value, host)
     if isinstance(value, libvirt.virDomain):
@@ -172,6 +177,17 @@ class _Conn(_Wrapper):
 
     def getFreeMemory(self) -> int:
         return self.host.free_memory
+
+
+class _Pool(_Wrapper):
+    def createXML(self, xml: str, flags: int = 0) -> Any:
+        vol = _wrap(self.raw.createXML(xml, flags), self.host)
+        fmt = ET.fromstring(xml).find("target/format")
+        if self.host.prewrite_qcow2 and fmt is not None and fmt.get("type") == "qcow2":
+            path = vol.raw.path()
+            self.host.contents[path] = bytes(self.host.prewrite_qcow2)
+            self.host.prewritten.add(path)
+        return vol
 
 
 class _Vol(_Wrapper):
@@ -259,8 +275,12 @@ class _Stream:
 
     def finish(self) -> None:
         if self.target is not None:
-            self.host.contents[self.target.raw.path()] = bytes(self.received)
-            self.host.mtimes[self.target.raw.path()] = time.time()
+            path = self.target.raw.path()
+            # Overwritten, not truncated: a pre-written file keeps its tail.
+            tail = self.host.contents.get(path, b"")[len(self.received) :]
+            kept = tail if path in self.host.prewritten else b""
+            self.host.contents[path] = bytes(self.received) + kept
+            self.host.mtimes[path] = time.time()
             self.host.uploads.append(self.target.raw.name())
 
     def abort(self) -> None:

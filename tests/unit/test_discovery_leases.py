@@ -784,3 +784,85 @@ def test_cooldowns_per_proxy_are_capped_in_memory_as_in_the_store(tmp_path: Path
                 await w.book.grant("c", ttl=None, selector=ANY, host=host)
 
     run(tmp_path, simple_fleet(1), scenario, cooldown=300)
+
+
+# -- a leased proxy is never granted again --------------------------------------------------
+# Each event below refills or reorders the free pool. A leased proxy must stay
+# out of it: the store's UNIQUE(proxy) would refuse the second grant, but as a
+# 503 (StoreUnavailable), not the clean 409 a crawler expects.
+
+
+async def grant_all(w: World, host: str | None = None) -> list[str]:
+    """Grants until the book refuses (409, everything leased); the proxies
+    granted, in order. A double grant raises StoreUnavailable instead."""
+    names: list[str] = []
+    while len(names) <= 10:  # more than any fleet here: a loop would be a bug
+        try:
+            lease = await w.book.grant("other", ttl=None, selector=ANY, host=host)
+        except NoProxyAvailable as refused:
+            assert refused.reason == "leased"
+            return names
+        names.append(lease.proxy.name)
+    raise AssertionError(f"the book kept granting: {names}")
+
+
+def test_a_leased_proxy_stays_ungrantable_through_a_resync(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        held = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.book.resync_pool()  # the maintenance loop's guard against a missed event
+        assert await grant_all(w) == ["p1", "p2"]
+        assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
+        assert w.rows("SELECT proxy FROM leases ORDER BY proxy") == [("p0",), ("p1",), ("p2",)]
+
+    run(tmp_path, simple_fleet(3), scenario)
+
+
+def test_a_leased_proxy_stays_ungrantable_through_a_health_flap(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        held = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        w.health.set("p0", Health.UNHEALTHY)
+        w.health.set("p0", Health.HEALTHY)  # healthy again, but still leased
+        assert await grant_all(w) == ["p1"]
+        assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(2), scenario)
+
+
+def test_a_leased_proxy_stays_ungrantable_through_a_fleet_reload(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        held = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.apply_fleet(simple_fleet(2))  # the same fleet again
+        # p0 moves, p1 leaves, p2 joins: p0's lease is kept, so p0 stays taken.
+        await w.book.apply_fleet(
+            fleet_of(proxy_entry("p0", port=5000), proxy_entry("p2", port=4002))
+        )
+        assert await grant_all(w) == ["p2"]
+        assert (await w.book.renew(held.id, ttl=None)).proxy.url.endswith(":5000")
+        assert w.rows("SELECT proxy FROM leases ORDER BY proxy") == [("p0",), ("p2",)]
+
+    run(tmp_path, simple_fleet(2), scenario)
+
+
+def test_a_leased_proxy_stays_ungrantable_when_its_cooldown_ends(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        held = await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
+        await w.book.report(held.id, "blocked", host="example.com")
+        w.clock.advance(31)  # the cooldown is over, the lease (60 s) is not
+        w.book.prune_cooldowns()  # what the maintenance loop does, in its order
+        w.book.resync_pool()
+        assert await grant_all(w, host="example.com") == ["p1"]
+        assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(2), scenario, max_ttl=60, cooldown=30)
+
+
+def test_a_leased_proxy_stays_ungrantable_when_another_lease_expires(tmp_path: Path) -> None:
+    async def scenario(w: World) -> None:
+        held = await w.book.grant("c", ttl=60, selector=ANY, host=None)
+        await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(5)
+        assert await w.book.expire_due() == 1  # p1 is free again, p0 is not
+        assert await grant_all(w) == ["p1"]
+        assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
+
+    run(tmp_path, simple_fleet(2), scenario)

@@ -17,11 +17,11 @@ from typing import Any
 import libvirt
 import pytest
 
-from providers.kvm import baselock
+from providers.kvm import baseimage, baselock
 from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
 from providers.kvm.baselock import _stamp, lock_volume, try_lock
 from providers.kvm.errors import ImageError, InUseError
-from providers.kvm.volumes import volume_xml
+from providers.kvm.volumes import upload, volume_xml
 from tests.support.http import FileServer
 from tests.support.testdriver import POOL, POOL_PATH, TestHost
 
@@ -100,6 +100,36 @@ def test_an_upload_that_breaks_leaves_no_marker_and_no_volume(
     with pytest.raises(libvirt.libvirtError, match="broke off"):
         create(test_host, props)
     assert data_uploads(test_host) == [] and test_host.volumes() == set()
+
+
+@pytest.mark.parametrize("sha256", [DIGEST, None], ids=["digest", "no-digest"])
+def test_a_short_upload_leaves_no_marker_and_no_volume(
+    test_host: TestHost, server: FileServer, monkeypatch: pytest.MonkeyPatch, sha256: str | None
+) -> None:
+    # The whole image is downloaded and hashed (the digest matches), but only
+    # its first 1000 bytes reach the volume: only the byte count tells.
+    def short(conn: Any, vol: Any, chunks: Iterator[bytes], length: int = 0) -> int:
+        return upload(conn, vol, [b"".join(chunks)[:1000]], length)
+
+    monkeypatch.setattr(baseimage, "upload", short)
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE), sha256=sha256)
+    with pytest.raises(ImageError, match="gave 1000 bytes, Content-Length said"):
+        create(test_host, props)
+    assert props["marker"] not in test_host.uploads
+    assert test_host.volumes() == set()
+
+
+def test_an_image_shorter_than_the_file_libvirt_made_leaves_no_marker_and_no_volume(
+    test_host: TestHost, server: FileServer
+) -> None:
+    # libvirt writes a fresh qcow2 file that the upload overwrites without
+    # truncating: the volume would keep a tail that is not the image's.
+    test_host.prewrite_qcow2 = len(IMAGE) + 65536
+    props = inputs(test_host, server.add("/disk.qcow2", data=IMAGE))
+    with pytest.raises(ImageError, match="pre-writes a qcow2 file"):
+        create(test_host, props)
+    assert props["marker"] not in test_host.uploads
+    assert test_host.volumes() == set()
 
 
 def test_a_failed_marker_write_removes_the_base(test_host: TestHost, server: FileServer) -> None:
