@@ -37,6 +37,7 @@ from discovery.leases import (
     lease_json,
     proxy_json,
     refusal,
+    taking_turns,
 )
 from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
@@ -168,7 +169,7 @@ class SharedLeaseBook:
         (`detail`: as LeaseBook.proxies_json)."""
         now, rows = await self._call(self._store.proxies())
         answer = []
-        for name, proxy in self._fleet.items():
+        async for name, proxy in taking_turns(list(self._fleet.items())):
             row = rows.get(name)
             answer.append(
                 proxy_json(

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from discovery.fleet import Fleet, parse_fleet
 from discovery.leases import (
     RETRY_S,
+    TURN,
     LeaseBook,
     LeaseNotFound,
     NoProxyAvailable,
@@ -866,3 +867,32 @@ def test_a_leased_proxy_stays_ungrantable_when_another_lease_expires(tmp_path: P
         assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
 
     run(tmp_path, simple_fleet(2), scenario)
+
+
+def test_the_whole_fleet_as_json_lets_other_requests_run_while_it_is_built(
+    tmp_path: Path,
+) -> None:
+    """10,000 proxies take about 100 ms to build: grants and releases must be
+    served in between (the status page asks for them every 2 s)."""
+    count = 2000
+
+    async def scenario(w: World) -> None:
+        turns = 0
+        building = True
+
+        async def other_requests() -> None:
+            nonlocal turns
+            while building:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_requests())
+        await asyncio.sleep(0)
+        turns = 0
+        answer = await w.book.proxies_json(detail=True)
+        building = False
+        await other
+        assert len(answer) == count
+        assert turns >= count // TURN - 1, turns
+
+    run(tmp_path, simple_fleet(count), scenario)
