@@ -187,20 +187,30 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_body(self, route: Route) -> None:
         limit = route.size if route.cut_after is None else min(route.cut_after, route.size)
-        piece = CHUNK if route.rate is None else max(1, int(route.rate / 10))
-        start = time.monotonic()
         with route.open() as source, contextlib.suppress(ConnectionError):
-            sent = 0
-            while sent < limit:
-                chunk = source.read(min(piece, limit - sent))
-                if not chunk:
-                    break
-                self.wfile.write(chunk)
-                sent += len(chunk)
-                if route.rate is not None:  # sleep until the paced time of `sent`
-                    time.sleep(max(0.0, start + sent / route.rate - time.monotonic()))
-            self.wfile.flush()
+            if route.file is not None and route.rate is None:
+                # A file at full speed goes out by sendfile(2), as from a real
+                # mirror: read-and-write in Python took 3.4 s of CPU per GiB,
+                # on the same two cores as the provider it serves.
+                self.wfile.flush()
+                self.connection.sendfile(source, 0, limit)
+            else:
+                self._copy(source, limit, route.rate)
         if route.cut_after is not None or route.length not in (None, route.size):
             # The body is not what the headers promised: the connection
             # cannot be reused, and closing it is what the client must notice.
             self.close_connection = True
+
+    def _copy(self, source: IO[bytes], limit: int, rate: float | None) -> None:
+        piece = CHUNK if rate is None else max(1, int(rate / 10))
+        start = time.monotonic()
+        sent = 0
+        while sent < limit:
+            chunk = source.read(min(piece, limit - sent))
+            if not chunk:
+                break
+            self.wfile.write(chunk)
+            sent += len(chunk)
+            if rate is not None:  # sleep until the paced time of `sent`
+                time.sleep(max(0.0, start + sent / rate - time.monotonic()))
+        self.wfile.flush()
