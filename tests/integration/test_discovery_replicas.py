@@ -276,6 +276,50 @@ def test_any_replica_serves_a_lease_and_expiry_is_the_database_s(cluster: Cluste
         assert second.post("/v1/leases/x/report", json={"outcome": "maybe"}).status_code == 400
 
 
+def test_the_status_page_data_is_the_same_on_every_replica(cluster: Cluster) -> None:
+    """The page's data (`/ui/api/status`) comes from the shared database: a
+    lease and a ban made on one replica show on every one, with the holder,
+    the cooldown's site and the prober's recent probe times."""
+    clients = [httpx.Client(base_url=r.url, timeout=5) for r in cluster.replicas]
+    try:
+        first = clients[0]
+        lease = first.post("/v1/leases", json={"holder": "page-holder", "target": "shop.example"})
+        lease_id, name = lease.json()["id"], lease.json()["proxy"]["name"]
+        blocked = {"outcome": "blocked", "target": "shop.example"}
+        assert first.post(f"/v1/leases/{lease_id}/report", json=blocked).status_code == 204
+
+        def status(client: httpx.Client, query: str = "") -> dict[str, Any]:
+            answer = client.get("/ui/api/status" + query)
+            assert answer.status_code == 200, answer.text
+            body: dict[str, Any] = answer.json()
+            return body
+
+        def probed(client: httpx.Client) -> bool:
+            return all(p["recentMs"] for p in status(client, "?limit=500")["proxies"])
+
+        for client in clients:
+            wait_for(lambda client=client: probed(client), timeout=10)  # type: ignore[misc]
+            view = status(client, "?state=leased")
+            assert view["totals"] | {"grantsPerMinute": 0} == {
+                "proxies": PROXIES,
+                "healthy": PROXIES,
+                "unhealthy": 0,
+                "unknown": 0,
+                "leased": 1,
+                "cooling": 1,
+                "grantsPerMinute": 0,
+            }
+            [row] = view["proxies"]
+            assert row["name"] == name and row["lease"]["holder"] == "page-holder"
+            assert [c["target"] for c in row["cooldowns"]] == ["shop.example"]
+        assert first.delete(f"/v1/leases/{lease_id}").status_code == 204
+        for client in clients:
+            assert status(client, "?state=leased")["matching"] == 0
+    finally:
+        for client in clients:
+            client.close()
+
+
 def test_a_replica_killed_under_load_loses_nothing_and_its_probing_is_taken_over(
     cluster: Cluster,
 ) -> None:
