@@ -7,10 +7,11 @@ running once, and gc finds nothing."""
 
 from __future__ import annotations
 
-import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import libvirt
 import pytest
@@ -40,6 +41,27 @@ def domains(conn: libvirt.virConnect) -> dict[str, str]:
     return {d.name(): d.UUIDString() for d in conn.listAllDomains(0)}
 
 
+def recover(stack: CliStack) -> subprocess.CompletedProcess[str]:
+    """The documented recovery after a killed `up`: the backend's lock of the
+    dead run removed, `refresh --clear-pending-creates`, then `up`."""
+    stack.forget_killed_run()
+    stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
+    return stack.ok("up", "--yes", "--skip-preview")
+
+
+def converged(stack: CliStack) -> Any:
+    """Asserts the stack is the declared fleet, with nothing left to change
+    and nothing for gc; returns its manifest."""
+    manifest = stack.output("fleet")
+    assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
+    stack.ok("preview", "--expect-no-changes")
+    gc = proxyinfra_cli(
+        stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()
+    )
+    assert gc.returncode == 0 and "no orphans" in gc.stdout, gc.stdout + gc.stderr
+    return manifest
+
+
 def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -61,24 +83,14 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
                 time.sleep(0.2)
             killed = domains(conn)
             kill_run(run)  # pulumi, its language host, the provider
-            # The self-managed backend may hold a lock for the killed run.
-            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
-
-            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
-            done = stack.ok("up", "--yes", "--skip-preview")
+            done = recover(stack)
             assert "left by an interrupted run" in done.stdout + done.stderr
             after = domains(conn)
             for pid in ids:
                 assert conn.lookupByName(pid).isActive()
                 assert after[pid] != killed[pid], "the leftover was replaced, not reused blindly"
-            manifest = stack.output("fleet")
-            assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
+            manifest = converged(stack)
             assert all(p["host"] for p in manifest["proxies"])
-            stack.ok("preview", "--expect-no-changes")
-            gc = proxyinfra_cli(
-                stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()
-            )
-            assert gc.returncode == 0 and "no orphans" in gc.stdout, gc.stdout + gc.stderr
         finally:
             stack.run("destroy", "--yes", "--skip-preview")
             conn.close()
@@ -114,21 +126,12 @@ def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
             kill_run(run)
             assert not defined, f"domains {defined} were defined before the freeze"
             assert disks <= pool_volumes(testbed)
-            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
-
-            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
-            stack.ok("up", "--yes", "--skip-preview")
+            recover(stack)
             for pid in ids:
                 assert conn.lookupByName(pid).isActive()
             ours = {v for v in pool_volumes(testbed) if any(pid in v for pid in ids)}
             assert ours == disks, "one overlay and one seed per proxy, nothing else"
-            manifest = stack.output("fleet")
-            assert sorted(p["name"] for p in manifest["proxies"]) == list(NAMES)
-            stack.ok("preview", "--expect-no-changes")
-            gc = proxyinfra_cli(
-                stack.directory, "gc", "--stack", stack.stack, "--min-age", "0", env=stack.env()
-            )
-            assert gc.returncode == 0 and "no orphans" in gc.stdout, gc.stdout + gc.stderr
+            converged(stack)
         finally:
             stack.run("destroy", "--yes", "--skip-preview")
             conn.close()
@@ -163,17 +166,14 @@ def test_up_killed_during_the_base_download_recovers_with_refresh_and_up(
             kill_run(run)
             assert lock_volume(volume) in pool_volumes(testbed)
             assert base_marker_volume(volume) not in pool_volumes(testbed)
-            shutil.rmtree(stack.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
-
-            stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
-            done = stack.ok("up", "--yes", "--skip-preview")
+            done = recover(stack)
             assert "its writer is gone; taking over" in done.stdout + done.stderr
             assert server.count(path) == 2  # fetched again, not trusted half-written
             for pid in ids:
                 assert conn.lookupByName(pid).isActive()
             left = pool_volumes(testbed)
             assert base_marker_volume(volume) in left and lock_volume(volume) not in left
-            stack.ok("preview", "--expect-no-changes")
+            converged(stack)
         finally:
             stack.run("destroy", "--yes", "--skip-preview")
             conn.close()

@@ -6,7 +6,6 @@ which the next stack recognises as abandoned and fetches again
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -116,6 +115,6 @@ def test_a_killed_downloader_s_half_base_is_fetched_again(
     finally:
         next_one.run("destroy", "--yes", "--skip-preview")
         # The killed run left the file backend's lock and a pending create.
-        shutil.rmtree(killed.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
+        killed.forget_killed_run()
         killed.run("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
         killed.run("destroy", "--yes", "--skip-preview")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,11 @@ class CliStack:
                 f"--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-4000:]}"
             )
         return done
+
+    def forget_killed_run(self) -> None:
+        """Removes the lock a killed run left in the self-managed backend
+        (the documented first step of the recovery)."""
+        shutil.rmtree(self.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
 
     def output(self, name: str) -> Any:
         done = self.ok("stack", "output", name, "--json", "--show-secrets")
