@@ -90,16 +90,28 @@ class RequestMetrics:
             )
 
 
-class BearerAuth:
-    """`Authorization: Bearer <token>` on /v1/* when a token is configured.
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
-    Both sides are hashed before the constant-time comparison so that not even
-    the token's length leaks through timing.
-    """
+
+def token_matches(given: bytes, digest: bytes) -> bool:
+    """Both sides are hashed before the constant-time comparison so that not
+    even the token's length leaks through timing."""
+    return hmac.compare_digest(hashlib.sha256(given).digest(), digest)
+
+
+def bearer_matches(authorization: bytes, digest: bytes) -> bool:
+    """Whether an `Authorization` header's value is `Bearer <the token>`."""
+    scheme, _, credentials = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and token_matches(credentials.strip(), digest)
+
+
+class BearerAuth:
+    """`Authorization: Bearer <token>` on /v1/* when a token is configured."""
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
-        self._digest = hashlib.sha256(token.encode()).digest() if token else None
+        self._digest = token_digest(token) if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -122,11 +134,7 @@ class BearerAuth:
         assert self._digest is not None
         for name, value in scope["headers"]:
             if name == b"authorization":
-                scheme, _, credentials = value.partition(b" ")
-                if scheme.lower() != b"bearer":
-                    return False
-                given = hashlib.sha256(credentials.strip()).digest()
-                return hmac.compare_digest(given, self._digest)
+                return bearer_matches(value, self._digest)
         return False
 
 

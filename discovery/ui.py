@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from discovery.middleware import bearer_matches, token_digest, token_matches
 from discovery.status import BadQuery, StatusQuery, fleet_status
 
 COOKIE = "discovery_session"
@@ -59,14 +60,13 @@ class Sessions:
 
     def __init__(self, token: str | None, clock: Callable[[], float] = time.time) -> None:
         self.required = bool(token)
-        self._digest = hashlib.sha256(token.encode()).digest() if token else b""
+        self._digest = token_digest(token) if token else b""
         self._key = hashlib.sha256(b"discovery-ui-session\0" + self._digest).digest()
         self._clock = clock
 
-    def token_ok(self, given: str | bytes) -> bool:
-        """Constant time, on digests: not even the length leaks."""
-        raw = given.encode() if isinstance(given, str) else given
-        return hmac.compare_digest(hashlib.sha256(raw).digest(), self._digest)
+    def token_ok(self, given: str) -> bool:
+        """The login form's token, compared as the API's bearer token is."""
+        return token_matches(given.encode(), self._digest)
 
     def new_cookie(self) -> str:
         expires = int(self._clock()) + SESSION_S
@@ -90,8 +90,8 @@ class Sessions:
         if self.cookie_ok(request.cookies.get(COOKIE)):
             return True
         if bearer:
-            scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-            return scheme.lower() == "bearer" and self.token_ok(credentials.strip())
+            header = request.headers.get("authorization")
+            return header is not None and bearer_matches(header.encode("latin-1"), self._digest)
         return False
 
 
