@@ -555,10 +555,10 @@ class PgStore:
     # -- health, written by the leader -----------------------------------------------------
 
     async def write_health(
-        self, rows: Sequence[tuple[str, HealthView]], *, health_changes: int | None = None
+        self, rows: Sequence[tuple[str, HealthView]], *, health_changes: int
     ) -> None:
         """(name, view) per proxy whose view changed; `health_changes`: how many
-        of them changed health (all, unless told), which decides the ANALYZE."""
+        of them changed health, which decides the ANALYZE."""
         if not rows:
             return
         async with self.transaction() as conn:
@@ -579,8 +579,7 @@ class PgStore:
                     [_array_literal(v.recent_ms) for _, v in rows],
                 ),
             )
-            changed = len(rows) if health_changes is None else health_changes
-            if changed >= ANALYZE_AFTER:
+            if health_changes >= ANALYZE_AFTER:
                 await conn.execute("ANALYZE discovery_proxies")
 
     async def take_error_reports(self) -> list[tuple[str, str]]:
