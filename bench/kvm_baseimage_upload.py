@@ -1,14 +1,14 @@
 """Benchmark: a BaseImage create of a 1 GiB image against a plain SSH copy.
 
-Run: scripts/bench baseimage_upload   (or .venv/bin/python -m bench.baseimage_upload)
+Run: scripts/bench kvm_baseimage_upload   (or .venv/bin/python -m bench.kvm_baseimage_upload)
 
 A random 1 GiB file is served by a local HTTP server and created as a
 BaseImage through the provider process (`python -m pulumi.dynamic`, driven
 over gRPC like the engine does) on the testbed: HTTP download, sha256 and
-libvirt volume upload through the SSH forward, all streamed. In the same run
+libvirt volume upload through OpenSSH's forward, all streamed. In the same run
 the same file is copied with OpenSSH to the same host (`cat > /dev/null`) as
 the baseline; as references, the file is fetched over HTTP alone (no upload)
-and uploaded by libvirt alone through the same SSH forward (no HTTP): the
+and uploaded by libvirt alone through the same forward (no HTTP): the
 create can be no faster than the slower of the two. Also printed: the
 provider process's peak RSS (VmHWM) before and after the upload, and the
 libvirt RPCs per Create (fresh and cached) and per Read, counted from the
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from providers.kvm.access import HostAccess
 from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
 from providers.kvm.config import KvmProviderEntry
 from providers.kvm.connection import HostConnection
+from providers.kvm.download import download
 from providers.kvm.volumes import upload, volume_xml
 from tests.harness.engine import ProviderProcess, make_urn, provider_inputs
 from tests.support.http import FileServer
@@ -73,27 +73,30 @@ def ssh_copy(testbed: Testbed, path: Path) -> None:
 
 
 def http_only(url: str) -> None:
-    """Download and hash, no upload: what the HTTP side alone costs."""
+    """Download and hash the way a create does (download.py), no upload:
+    what the HTTP side alone costs."""
     digest = hashlib.sha256()
-    with httpx.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
-        for chunk in response.iter_raw(MIB):
+    with download(url) as response:
+        while chunk := response.read(MIB, decode_content=False):
             digest.update(chunk)
 
 
 def libvirt_only(access: HostAccess, path: Path, size: int) -> float:
-    """Seconds to upload the file into a fresh raw volume through the SSH forward."""
+    """Seconds to upload the file into a fresh raw volume through the forward
+    a create uses (HostConnection.bulk: OpenSSH's)."""
     connection = HostConnection(access)
     try:
-        conn = connection.libvirt()
-        pool = conn.storagePoolLookupByName(access.pool)
-        vol = pool.createXML(
-            volume_xml(f"bench-baseimage-{uuid.uuid4().hex[:8]}.raw", size, "raw"), 0
-        )
-        try:
-            with path.open("rb") as source:
-                return timed(lambda: upload(conn, vol, iter(lambda: source.read(MIB), b""), size))
-        finally:
-            vol.delete(0)
+        name = f"bench-baseimage-{uuid.uuid4().hex[:8]}.raw"
+        with connection.bulk() as conn:
+            pool = conn.storagePoolLookupByName(access.pool)
+            vol = pool.createXML(volume_xml(name, size, "raw"), 0)
+            try:
+                with path.open("rb") as source:
+                    return timed(
+                        lambda: upload(conn, vol, iter(lambda: source.read(MIB), b""), size)
+                    )
+            finally:
+                vol.delete(0)
     finally:
         connection.close()
 
@@ -198,7 +201,7 @@ def main() -> None:
     )
     libvirt_rate = rate(size, statistics.median(libvirt_s))
     print(
-        f"  libvirt upload alone (same SSH forward)    {libvirt_rate:7.1f} MiB/s   "
+        f"  libvirt upload alone (same forward)        {libvirt_rate:7.1f} MiB/s   "
         f"ratio {libvirt_rate / ssh_rate:4.2f} of SSH"
     )
     print(f"  cached create                              {cached_s * 1000:7.1f} ms")

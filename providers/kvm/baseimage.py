@@ -54,6 +54,7 @@ from providers.kvm.basevolumes import (
     volume_facts,
     write_marker,
 )
+from providers.kvm.connection import LibvirtSource
 from providers.kvm.download import (
     Log,
     Progress,
@@ -139,7 +140,7 @@ class BaseImageProvider(KvmProvider):
                 return cached, True
             made: list[str] = []  # what this create made, so a failure removes exactly that
             try:
-                return self._fetch(conn, pool, args, log, made), False
+                return self._fetch(conn, pool, args, log, made, self.connection(props)), False
             except BaseException as error:
                 self._discard_base(props, made, error)
                 raise
@@ -235,7 +236,15 @@ class BaseImageProvider(KvmProvider):
                 remove_volume(vol)
         return None
 
-    def _fetch(self, conn: Any, pool: Any, args: BaseImageArgs, log: Log, made: list[str]) -> Image:
+    def _fetch(
+        self,
+        conn: Any,
+        pool: Any,
+        args: BaseImageArgs,
+        log: Log,
+        made: list[str],
+        source: LibvirtSource,
+    ) -> Image:
         access, url, fmt, volume = args.host, args.url, args.format, args.volume
         shown = shown_url(url)
         with download(url) as response:
@@ -257,7 +266,9 @@ class BaseImageProvider(KvmProvider):
                 require_space(pool, length, access, f"base image {volume}")
             vol = pool.createXML(volume_xml(volume, capacity, fmt), 0)
             made.append(volume)
-            sent = upload(conn, vol, chain([first], prefetched(chunks)), length or 0)
+            with source.bulk() as bulk:  # OpenSSH's forward for the bytes (openssh.py)
+                target = bulk.storageVolLookupByKey(vol.key())  # the key needs no RPC
+                sent = upload(bulk, target, chain([first], prefetched(chunks)), length or 0)
         digest = hasher.hexdigest()
         verify(args.sha256, digest, sent, length, shown)
         path, physical, _capacity = volume_facts(vol)

@@ -23,6 +23,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from providers.kvm.access import HostAccess
 from providers.kvm.bridge import SocketBridge
 from providers.kvm.errors import HostUnreachable, LibvirtSocketError, LibvirtUnavailable
+from providers.kvm.openssh import ForwardFailed, fell_back, forwarded_libvirt
 from providers.kvm.ssh import SshSession
 from providers.kvm.trace import Traced, error_label, wrap
 
@@ -70,6 +71,19 @@ class HostConnection:
                 with attempt:
                     self._open()
             return wrap(self._conn, self.context)
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[Any]:
+        """A libvirt connection for one long transfer: through OpenSSH's own
+        forward (openssh.py) when it can be made, else this connection."""
+        self.libvirt()  # host key checked and the socket diagnosed by paramiko first
+        try:
+            with forwarded_libvirt(self.access) as conn:
+                yield wrap(conn, self.context)
+                return
+        except ForwardFailed as error:
+            fell_back(self.access, str(error))
+        yield self.libvirt()
 
     def ssh(self) -> SshSession:
         """The SSH session alone (host checks, diagnosis); opened if needed."""
@@ -168,6 +182,10 @@ class LibvirtSource(Protocol):
     """What a resource needs of a host: its live libvirt connection."""
 
     def libvirt(self) -> Any: ...
+
+    def bulk(self) -> contextlib.AbstractContextManager[Any]:
+        """A libvirt connection for one long transfer (a base image upload)."""
+        ...
 
 
 Connector = Callable[[HostAccess], LibvirtSource]

@@ -64,6 +64,7 @@ _API: dict[tuple[str, str], str] = {
 _LOCAL = {
     "name",
     "UUIDString",
+    "key",  # virStorageVolGetKey: the key travels with the volume object
     "UUID",
     "ID",
     "connect",
