@@ -12,7 +12,7 @@ key by the time this runs), ignores every ssh_config, lives in a private
 0700 directory, and ends with the transfer: it is this thread's child with a
 parent-death signal, so a killed provider leaves no ssh behind. Without an
 ``ssh`` program, or when it cannot make the forward, the caller's own
-connection carries the transfer (slower, logged once per host).
+connection carries the transfer (about a third slower, logged once per host).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def fell_back(access: HostAccess, reason: str) -> None:
     _fell_back.add(key)
     log.warning(
         "provider=%s host=%s OpenSSH forward not available (%s); bulk uploads go through "
-        "the paramiko connection, about half as fast",
+        "the paramiko connection, about a third slower",
         access.provider,
         access.host,
         reason,
