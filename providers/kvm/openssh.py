@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +95,13 @@ def ssh_argv(access: HostAccess, local: str, program: str = SSH) -> list[str]:
     ]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _dying_with(parent: int) -> Callable[[], None]:
+    def arm() -> None:  # runs in the child, between fork and exec
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
@@ -116,7 +121,7 @@ class Forward:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
-                preexec_fn=_die_with_parent if _prctl is not None else None,
+                preexec_fn=_dying_with(os.getpid()) if _prctl is not None else None,
             )
 
     @property
