@@ -25,7 +25,7 @@ import pytest
 from providers.kvm.access import HostAccess
 from providers.kvm.baseimage import BaseImageProvider
 from providers.kvm.basevolumes import write_marker
-from providers.kvm.volumes import MIB, lookup_volume, volume_xml
+from providers.kvm.volumes import MIB, volume_xml
 from tests.harness.engine import ProviderError, ProviderProcess
 from tests.support.baseimages import (
     URN,
@@ -39,7 +39,7 @@ from tests.support.baseimages import (
     sha256_of,
 )
 from tests.support.http import FileServer
-from tests.support.testbed import Testbed, access_for
+from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
@@ -62,35 +62,6 @@ class FailingMarkerProvider(BaseImageProvider):
 def engine() -> Iterator[ProviderProcess]:
     with ProviderProcess(env={"EGRESS_PROXIES_LOG": "debug"}, rpc_timeout=300) as process:
         yield process
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FileServer]:
-    with FileServer() as files:
-        yield files
-
-
-@pytest.fixture(scope="module")
-def pool(testbed: Testbed) -> Iterator[Any]:
-    """The testbed pool through the local socket, as root: set-up and clean-up."""
-    conn = libvirt.open("qemu:///system")
-    yield conn.storagePoolLookupByName(testbed.pool)
-    conn.close()
-
-
-@pytest.fixture(scope="module")
-def access(testbed: Testbed) -> HostAccess:
-    return access_for(testbed)
-
-
-@pytest.fixture
-def made(pool: Any) -> Iterator[list[str]]:
-    """Volume names a test may leave behind when it fails half way."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        if (vol := lookup_volume(pool, name)) is not None:
-            vol.delete(0)
 
 
 def pool_files(testbed: Testbed) -> set[str]:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +30,10 @@ from tests.support.baseimages import (
 from tests.support.discovery import wait_for
 from tests.support.http import FileServer
 from tests.support.pulumi_cli import descendants
-from tests.support.testbed import Testbed, access_for
+from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FileServer]:
-    with FileServer() as files:
-        yield files
-
-
-@pytest.fixture(scope="module")
-def access(testbed: Testbed) -> HostAccess:
-    return access_for(testbed)
-
-
-@pytest.fixture
-def made(testbed: Testbed) -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        testbed.virsh("vol-delete", "--pool", testbed.pool, name)
 
 
 def ssh_children(pid: int) -> dict[int, list[str]]:
