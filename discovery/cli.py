@@ -238,7 +238,7 @@ def run_server(service: AnyService) -> int:
         fd_limit=fd_limit,
         max_connections=guard.max_connections,
     )
-    heap.settle()
+    service.settle_heap = heap.settle  # once started, and after each fleet change
     try:
         server.run()
     except SystemExit as exc:  # uvicorn's way to fail a start (port taken: 3); ours is 1

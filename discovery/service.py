@@ -118,6 +118,9 @@ class Service:
         self.fleet_error: str | None = None  # why the fleet source is broken, if it is
         self._fleet_error_seen: tuple[str, str | None] | None = None
         self._fleet_retry = False  # a fleet read but not applied (the store failed)
+        # Called once what lives as long as the service has been built: after
+        # start() and after each fleet change (run_server passes heap.settle).
+        self.settle_heap: Callable[[], None] | None = None
 
     @property
     def book(self) -> LeaseBook:
@@ -191,6 +194,7 @@ class Service:
             loop.create_task(self._run("store probe", self._store_probe_loop)),
         ]
         self._listen_for_sighup(loop)
+        self._settle()
         self.ready = True
         event(log, logging.INFO, "service started")
 
@@ -223,6 +227,10 @@ class Service:
         self._tasks = []
         if self._health is not None:
             await self._health.stop()
+
+    def _settle(self) -> None:
+        if self.settle_heap is not None:
+            self.settle_heap()
 
     def reload_fleet(self) -> None:
         """Reads the fleet again now (what SIGHUP does)."""
@@ -297,6 +305,7 @@ class Service:
             return
         self._fleet_retry = False
         self._fleet = fleet
+        self._settle()
         self.metrics.fleet_loads.labels("changed").inc()
         event(
             log,
@@ -315,7 +324,7 @@ class Service:
             await asyncio.sleep(MAINTENANCE_INTERVAL_S)
             now = self._clock()
             book.prune_cooldowns()
-            book.resync_pool()
+            await book.repair_pool()
             # A failure is logged by the store; the next round prunes more.
             with contextlib.suppress(StoreError):
                 await self.store.write((Prune(now, now - REPORT_RETENTION_S, REPORTS_KEPT),))
@@ -405,6 +414,7 @@ class SharedService(Service):
             loop.create_task(self._run("maintenance", self._shared_maintenance_loop)),
         ]
         self._listen_for_sighup(loop)
+        self._settle()
         self.ready = True
         event(log, logging.INFO, "service started", store="postgresql")
 

@@ -171,27 +171,67 @@ def test_a_taken_port_stops_the_service_with_exit_1(tmp_path: Path) -> None:
     assert "address already in use" in done.stderr
 
 
-def test_the_server_runs_with_the_start_up_heap_frozen(
+def test_the_server_runs_with_its_long_lived_state_frozen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Full collections walked the whole fleet mid-request (discovery/heap.py):
-    what exists when serving begins is frozen, young collections are rarer."""
+    what exists once the service has started (the lease book and what it
+    holds for the fleet) is frozen, and so is a new fleet once applied;
+    young collections are rarer."""
+    import asyncio
+    import os
+    import signal
+    import time
+
     import uvicorn
 
     from discovery import heap
+    from discovery.fleet import FleetProxy
+    from discovery.leases import LeaseBook
 
-    seen: list[tuple[int, tuple[int, int, int]]] = []
-    monkeypatch.setattr(
-        uvicorn.Server, "run", lambda self: seen.append((gc.get_freeze_count(), gc.get_threshold()))
-    )
-    write_fleet(tmp_path / "f.json", [proxy_entry("a")])
+    fleet_file = tmp_path / "f.json"
+    seen: dict[str, object] = {}
+
+    def tracked(kind: type) -> list[object]:
+        return [o for o in gc.get_objects() if isinstance(o, kind)]
+
+    async def lifespan(app: object) -> None:
+        """What uvicorn does around serving: start-up, then (here) a fleet
+        change by SIGHUP, then shutdown."""
+        inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+        started = asyncio.Event()
+
+        async def send(message: dict[str, str]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                started.set()
+
+        async def serve() -> None:
+            await app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, send)  # type: ignore[operator]
+
+        await inbox.put({"type": "lifespan.startup"})
+        task = asyncio.ensure_future(serve())
+        await asyncio.wait_for(started.wait(), 10)
+        seen["books tracked"] = len(tracked(LeaseBook))
+        seen["threshold"] = gc.get_threshold()
+        freezes = gc.get_freeze_count()
+        write_fleet(fleet_file, [proxy_entry("a"), proxy_entry("b", port=3129)])
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while gc.get_freeze_count() == freezes and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        seen["proxies tracked after the change"] = len(tracked(FleetProxy))
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 10)
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: asyncio.run(lifespan(self.config.app)))
+    write_fleet(fleet_file, [proxy_entry("a")])
     thresholds = gc.get_threshold()
     try:
         main(
             [
                 "serve",
                 "--fleet",
-                str(tmp_path / "f.json"),
+                str(fleet_file),
                 "--listen",
                 "127.0.0.1:1",
                 "--db",
@@ -203,6 +243,6 @@ def test_the_server_runs_with_the_start_up_heap_frozen(
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
-    [(frozen, during)] = seen
-    assert frozen > 10_000  # the interpreter, the app, the fleet
-    assert during == (heap.YOUNG_THRESHOLD, *heap.OLDER_THRESHOLDS)
+    assert seen["books tracked"] == 0  # built by start(), then frozen
+    assert seen["proxies tracked after the change"] == 0  # the new fleet, frozen once applied
+    assert seen["threshold"] == (heap.YOUNG_THRESHOLD, *heap.OLDER_THRESHOLDS)
