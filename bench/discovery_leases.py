@@ -433,6 +433,17 @@ def _metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
+def _slow_commits(metrics: str) -> tuple[float, float, float]:
+    """(commits, commits over 5 ms, over 10 ms) from the store's histogram."""
+    name = "discovery_store_commit_duration_seconds"
+    total = _metric(metrics, f"{name}_count")
+    return (
+        total,
+        total - _metric(metrics, f'{name}_bucket{{le="0.005"}}'),
+        total - _metric(metrics, f'{name}_bucket{{le="0.01"}}'),
+    )
+
+
 async def _scrape(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(_plain("GET", "/metrics").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
@@ -452,6 +463,7 @@ async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[Pha
     # Open loop: a fixed offered rate, by default half of what was just measured.
     rates = args.rate or [round(results[1].pairs_per_s * OPEN_LOOP_SHARE)]
     for rate in rates:
+        before = _slow_commits(await _scrape(port))
         results.append(
             await _phase(
                 f"paced {rate:.0f}/s",
@@ -463,6 +475,14 @@ async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[Pha
                 True,
                 rate,
             )
+        )
+        # The disk's share of the tail: an fsync that stalls holds every
+        # answer queued behind it (warm-up included in these counts).
+        after = _slow_commits(await _scrape(port))
+        total, over_5, over_10 = (a - b for a, b in zip(after, before, strict=True))
+        print(
+            f"{results[-1].name}: {total:.0f} commits, {over_5:.0f} over 5 ms, "
+            f"{over_10:.0f} over 10 ms"
         )
     metrics = await _scrape(port)
     commits = _metric(metrics, "discovery_store_commit_duration_seconds_count")
