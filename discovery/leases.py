@@ -564,13 +564,18 @@ class LeaseBook:
         )
         return StateSnapshot(len(self._leases), cooling, by_health)
 
-    def prune_cooldowns(self) -> None:
-        """Forgets cooldowns that are over (the store prunes its own copy)."""
+    async def prune_cooldowns(self) -> None:
+        """Forgets cooldowns that are over (the store prunes its own copy), a
+        few hundred proxies per turn of the event loop: up to 64 per proxy
+        of a large fleet is too many to walk in one go."""
         now = self._clock()
-        for name in list(self._cooldowns):
-            scopes = {t: u for t, u in self._cooldowns[name].items() if u > now}
-            if scopes:
-                self._cooldowns[name] = scopes
+        async for name in taking_turns(list(self._cooldowns)):
+            scopes = self._cooldowns.get(name)
+            if scopes is None:
+                continue  # the proxy left meanwhile
+            live = {t: u for t, u in scopes.items() if u > now}
+            if live:
+                self._cooldowns[name] = live
             else:
                 del self._cooldowns[name]
 

@@ -323,7 +323,7 @@ class Service:
         while True:
             await asyncio.sleep(MAINTENANCE_INTERVAL_S)
             now = self._clock()
-            book.prune_cooldowns()
+            await book.prune_cooldowns()
             await book.repair_pool()
             # A failure is logged by the store; the next round prunes more.
             with contextlib.suppress(StoreError):

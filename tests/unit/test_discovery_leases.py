@@ -883,8 +883,8 @@ def test_a_leased_proxy_stays_ungrantable_when_its_cooldown_ends(tmp_path: Path)
         held = await w.book.grant("c", ttl=None, selector=ANY, host="example.com")
         await w.book.report(held.id, "blocked", host="example.com")
         w.clock.advance(31)  # the cooldown is over, the lease (60 s) is not
-        w.book.prune_cooldowns()  # what the maintenance loop does, in its order
-        w.book.resync_pool()
+        await w.book.prune_cooldowns()  # what the maintenance loop does, in its order
+        assert await w.book.repair_pool() == 0
         assert await grant_all(w, host="example.com") == ["p1"]
         assert (await w.book.renew(held.id, ttl=None)).proxy.name == "p0"
 
@@ -965,5 +965,41 @@ def test_a_missed_health_event_is_repaired_a_few_proxies_at_a_time(tmp_path: Pat
         # p1 is back (first: never used), p0 is out, the rest in their order.
         assert got == ["p1", "p10"]
         assert await w.book.repair_pool() == 0
+
+    run(tmp_path, simple_fleet(count), scenario)
+
+
+def test_ended_cooldowns_are_forgotten_a_few_proxies_at_a_time(tmp_path: Path) -> None:
+    """Up to 64 cooldowns per proxy of a large fleet: pruning them lets other
+    requests run in between, drops the ended ones and keeps the others."""
+    count = 1000
+
+    async def scenario(w: World) -> None:
+        now = w.clock.now
+        # As `blocked` reports leave them (placed directly: this is about the walk).
+        for i in range(count):
+            w.book._cooldowns[f"p{i}"] = {"a.example": now + 10, "b.example": now + 100}
+        w.clock.advance(50)
+        turns = 0
+        pruning = True
+
+        async def other_requests() -> None:
+            nonlocal turns
+            while pruning:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_requests())
+        await asyncio.sleep(0)
+        turns = 0
+        await w.book.prune_cooldowns()
+        pruning = False
+        await other
+        assert turns >= count // TURN - 1, turns
+        assert all(c == {"b.example": now + 100} for c in w.book._cooldowns.values())
+        assert len(w.book._cooldowns) == count
+        w.clock.advance(50)
+        await w.book.prune_cooldowns()
+        assert w.book._cooldowns == {}
 
     run(tmp_path, simple_fleet(count), scenario)
