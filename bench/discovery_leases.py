@@ -73,6 +73,9 @@ class _AlwaysHealthy:
     def health(self, name: str) -> Any:
         return self._states.get(name)
 
+    def verdict(self, name: str) -> Any:
+        return self._health if name in self._states else None
+
     def all(self) -> list[Any]:
         return list(self._states.values())
 

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from health.model import HealthListener, ProxyEndpoint, ProxyHealth
+from health.model import Health, HealthListener, ProxyEndpoint, ProxyHealth
 
 
 class HealthSource(Protocol):
@@ -19,6 +19,10 @@ class HealthSource(Protocol):
     async def stop(self) -> None: ...
 
     def health(self, name: str) -> ProxyHealth | None: ...
+
+    # health(name).health without the snapshot: grants and the metrics ask
+    # it of many proxies at a time.
+    def verdict(self, name: str) -> Health | None: ...
 
     def all(self) -> list[ProxyHealth]: ...
 

@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -555,10 +556,9 @@ class LeaseBook:
 
     def snapshot(self) -> StateSnapshot:
         now = self._clock()
-        by_health = {str(h): 0 for h in Health}
-        for name in self._fleet:
-            state = self._health.health(name)
-            by_health[str(state.health) if state else str(Health.UNKNOWN)] += 1
+        verdict = self._health.verdict
+        counts = Counter(verdict(name) or Health.UNKNOWN for name in self._fleet)
+        by_health = {str(h): counts[h] for h in Health}
         cooling = sum(
             1 for scopes in self._cooldowns.values() for until in scopes.values() if until > now
         )
@@ -582,8 +582,7 @@ class LeaseBook:
     # -- internals -----------------------------------------------------------------------
 
     def _healthy(self, name: str) -> bool:
-        state = self._health.health(name)
-        return state is not None and state.health == Health.HEALTHY
+        return self._health.verdict(name) == Health.HEALTHY
 
     def _ttl(self, requested: float | None) -> float:
         return self.max_ttl if requested is None else min(requested, self.max_ttl)

@@ -207,6 +207,12 @@ class HealthEngine:
         proxy = self._proxies.get(name)
         return proxy.snapshot() if proxy is not None else None
 
+    def verdict(self, name: str) -> Health | None:
+        """The proxy's health alone: what a grant checks for each candidate,
+        without building a snapshot."""
+        proxy = self._proxies.get(name)
+        return proxy.health if proxy is not None else None
+
     def all(self) -> list[ProxyHealth]:
         """Every proxy, in fleet order."""
         return [proxy.snapshot() for proxy in self._proxies.values()]

@@ -121,6 +121,10 @@ class FakeHealth:
     def health(self, name: str) -> ProxyHealth | None:
         return self.states.get(name)
 
+    def verdict(self, name: str) -> Health | None:
+        state = self.states.get(name)
+        return state.health if state is not None else None
+
     def all(self) -> list[ProxyHealth]:
         return list(self.states.values())
 

@@ -156,9 +156,11 @@ def test_new_proxy_state_error_and_changed_at() -> None:
     assert first is not None
     assert (first.health, first.latency_ms, first.last_error) == (Health.UNKNOWN, None, None)
     assert first.changed_at is not None
+    assert eng.verdict("a") is Health.UNKNOWN  # the health alone, as grants ask it
 
     down = run(eng.probe_now("a"))
     assert down.health is Health.UNHEALTHY
+    assert eng.verdict("a") is Health.UNHEALTHY
     assert down.last_error == "auth_required: fake auth_required"
     assert down.changed_at is not None and down.changed_at > first.changed_at
 
@@ -167,7 +169,8 @@ def test_new_proxy_state_error_and_changed_at() -> None:
     assert up.changed_at is not None and up.changed_at > down.changed_at
     # The last error stays visible after recovery: it is the last one seen.
     assert up.last_error == down.last_error
-    assert eng.health("nope") is None
+    assert eng.verdict("a") is Health.HEALTHY
+    assert eng.health("nope") is None and eng.verdict("nope") is None
     with pytest.raises(KeyError):
         run(eng.probe_now("nope"))
 
