@@ -18,16 +18,14 @@ connection carries the transfer (about a third slower, logged once per host).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,6 @@ SSH = "ssh"
 # AES-GCM first: OpenSSH's default (chacha20-poly1305) measured a third slower here.
 CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 READY_TIMEOUT = CONNECT_TIMEOUT + 5.0
-_PR_SET_PDEATHSIG = 1
 _fell_back: set[tuple[str, str]] = set()
 
 
@@ -95,16 +92,13 @@ def ssh_argv(access: HostAccess, local: str, program: str = SSH) -> list[str]:
     ]
 
 
-def _dying_with(parent: int) -> Callable[[], None]:
-    def arm() -> None:  # runs in the child, between fork and exec
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
-
-
-_prctl: Any = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when this process dies (util-linux's
+    setpriv arms PR_SET_PDEATHSIG, then execs it). Not a preexec_fn: that
+    forces a fork of this threaded, gRPC-serving process, and a child once
+    aborted in gRPC's code before its exec (exit -6, "epoll_wait error")."""
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 class Forward:
@@ -117,11 +111,10 @@ class Forward:
         self._errors = Path(self._dir, "ssh.err")
         with self._errors.open("wb") as errors:
             self.process = subprocess.Popen(
-                ssh_argv(access, self.path, program),
+                dying_with_parent(ssh_argv(access, self.path, program)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
-                preexec_fn=_dying_with(os.getpid()) if _prctl is not None else None,
             )
 
     @property
