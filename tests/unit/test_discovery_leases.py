@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -827,6 +827,32 @@ def test_cooldowns_per_proxy_are_capped_in_memory_as_in_the_store(tmp_path: Path
 # 503 (StoreUnavailable), not the clean 409 a crawler expects.
 
 
+T = TypeVar("T")
+
+
+async def turns_while(work: Awaitable[T]) -> tuple[T, int]:
+    """`work`'s result, and how many times another task (standing for other
+    requests) got the event loop while `work` was awaited."""
+    turns = 0
+    running = True
+
+    async def other_requests() -> None:
+        nonlocal turns
+        while running:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.ensure_future(other_requests())
+    await asyncio.sleep(0)
+    turns = 0
+    try:
+        result = await work
+    finally:
+        running = False
+        await other
+    return result, turns
+
+
 async def grant_all(w: World, host: str | None = None) -> list[str]:
     """Grants until the book refuses (409, everything leased); the proxies
     granted, in order. A double grant raises StoreUnavailable instead."""
@@ -911,21 +937,7 @@ def test_the_whole_fleet_as_json_lets_other_requests_run_while_it_is_built(
     count = 2000
 
     async def scenario(w: World) -> None:
-        turns = 0
-        building = True
-
-        async def other_requests() -> None:
-            nonlocal turns
-            while building:
-                turns += 1
-                await asyncio.sleep(0)
-
-        other = asyncio.ensure_future(other_requests())
-        await asyncio.sleep(0)
-        turns = 0
-        answer = await w.book.proxies_json(detail=True)
-        building = False
-        await other
+        answer, turns = await turns_while(w.book.proxies_json(detail=True))
         assert len(answer) == count
         assert turns >= count // TURN - 1, turns
 
@@ -944,21 +956,8 @@ def test_a_missed_health_event_is_repaired_a_few_proxies_at_a_time(tmp_path: Pat
         # The engine changes its mind about two proxies without telling the book.
         w.health.states["p0"] = replace(w.health.states["p0"], health=Health.UNHEALTHY)
         w.health.states["p1"] = replace(w.health.states["p1"], health=Health.HEALTHY)
-        turns = 0
-        repairing = True
-
-        async def other_requests() -> None:
-            nonlocal turns
-            while repairing:
-                turns += 1
-                await asyncio.sleep(0)
-
-        other = asyncio.ensure_future(other_requests())
-        await asyncio.sleep(0)
-        turns = 0
-        assert await w.book.repair_pool() == 2
-        repairing = False
-        await other
+        repaired, turns = await turns_while(w.book.repair_pool())
+        assert repaired == 2
         assert turns >= count // TURN, turns
         got = [(await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name]
         got.append((await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name)
@@ -980,21 +979,7 @@ def test_ended_cooldowns_are_forgotten_a_few_proxies_at_a_time(tmp_path: Path) -
         for i in range(count):
             w.book._cooldowns[f"p{i}"] = {"a.example": now + 10, "b.example": now + 100}
         w.clock.advance(50)
-        turns = 0
-        pruning = True
-
-        async def other_requests() -> None:
-            nonlocal turns
-            while pruning:
-                turns += 1
-                await asyncio.sleep(0)
-
-        other = asyncio.ensure_future(other_requests())
-        await asyncio.sleep(0)
-        turns = 0
-        await w.book.prune_cooldowns()
-        pruning = False
-        await other
+        _, turns = await turns_while(w.book.prune_cooldowns())
         assert turns >= count // TURN - 1, turns
         assert all(c == {"b.example": now + 100} for c in w.book._cooldowns.values())
         assert len(w.book._cooldowns) == count
