@@ -39,6 +39,12 @@ def check_provider(provider: KubernetesProviderEntry, path: str, c: Report) -> N
     k8s = provider.kubernetes
     if k8s.kubeconfig is not None:
         file_exists(k8s.kubeconfig, f"{path}.kubernetes.kubeconfig", c)
+    if k8s.service_type == "LoadBalancer" and k8s.manifest_address != "serviceDNS":
+        c.add(
+            f"{path}.kubernetes.manifestAddress",
+            f"{k8s.manifest_address!r} is for ClusterIP Services; a LoadBalancer's proxies "
+            "are listed by their load balancer address",
+        )
     for what in ("cpu", "memory"):
         request = getattr(k8s, f"{what}_request")
         limit = getattr(k8s, f"{what}_limit")

@@ -32,6 +32,10 @@ class KubernetesProvider(Model):
     # NodePort is left out on purpose: no single address would reach the proxy.
     service_type: Literal["ClusterIP", "LoadBalancer"] = "ClusterIP"
     cluster_domain: Annotated[str, Field(pattern=DOMAIN_PATTERN)] = "cluster.local"
+    # The manifest's host of a ClusterIP Service: its cluster DNS name, which
+    # resolves inside the cluster only, or its cluster IP, which reaches the
+    # pod from the nodes (kube-proxy) and from networks routed to them.
+    manifest_address: Literal["serviceDNS", "clusterIP"] = "serviceDNS"
     # Namespaces whose pods the NetworkPolicy admits besides allowedClients'
     # CIDRs (some CNIs, e.g. Cilium, do not match pod IPs against ipBlock).
     client_namespaces: list[Name] = Field(default_factory=list)

@@ -42,6 +42,13 @@ def _load_balancer_address(status: core.outputs.ServiceStatus | None) -> str:
     return address
 
 
+def _cluster_ip(spec: core.outputs.ServiceSpec | None) -> str:
+    address = spec.cluster_ip if spec else None
+    if not address or address == "None":
+        raise ValueError("the Service has no cluster IP")
+    return address
+
+
 class KubernetesDeployer:
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
@@ -143,6 +150,8 @@ class KubernetesDeployer:
         host: pulumi.Output[str]
         if config.service_type == "LoadBalancer":
             host = service.status.apply(_load_balancer_address)
+        elif config.manifest_address == "clusterIP":
+            host = service.spec.apply(_cluster_ip)
         else:
             domain = config.cluster_domain
             host = service.metadata.apply(lambda m: f"{m.name}.{m.namespace}.svc.{domain}")

@@ -487,3 +487,27 @@ def test_firewall_open_to_the_internet_with_the_flag_and_a_warning() -> None:
     # user's own userData may hold secrets of its own.
     (instance,) = result.resources_of_type(INSTANCE)
     assert "metadata" in instance.secret_inputs
+
+
+def test_a_cluster_ip_manifest_lists_each_service_by_its_address() -> None:
+    # For operators outside the cluster's DNS (on a node, or where the service
+    # range is routed): the manifest names the Service's cluster IP.
+    config = {
+        "providers": [
+            {
+                "name": "cluster",
+                "type": "kubernetes",
+                "kubernetes": {"namespace": "egress", "manifestAddress": "clusterIP"},
+            }
+        ],
+        "proxies": [{"name": "pods", "provider": "cluster", "replicas": 2}],
+        "squid": SQUID,
+    }
+    result = run_program(PROGRAM, config, new_resource_hook=HOOK).raise_for_error()
+    services = by_name(result, SERVICE)
+    hosts = {p["name"]: p["host"] for p in result.output("fleet")["proxies"]}
+    assert hosts == {
+        name: services[f"{name}-service"].outputs["spec"]["clusterIP"]
+        for name in ("pods-0", "pods-1")
+    }
+    assert len(set(hosts.values())) == 2 and all(h.startswith("10.96.0.") for h in hosts.values())

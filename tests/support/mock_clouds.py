@@ -3,7 +3,8 @@ gives resources the outputs the real providers would add, and the public
 image families the gcp configs of the tests name.
 
 The hook stands in for the clouds: it gives instances and addresses their
-external IPs, LoadBalancer Services their ingress, and the credentials (a
+external IPs, LoadBalancer Services their ingress, ClusterIP Services
+their cluster IP, and the credentials (a
 dynamic resource that is not run under mocks) a password with its real
 bcrypt hash. It runs in the program's process, imported by name (HOOK).
 """
@@ -47,6 +48,8 @@ def mock_resource(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
                 config.setdefault("natIp", _ip("198.51.100", args.name))
     elif args.typ == SERVICE and outputs["spec"]["type"] == "LoadBalancer":
         outputs["status"] = {"loadBalancer": {"ingress": [{"ip": _ip("192.0.2", args.name)}]}}
+    elif args.typ == SERVICE:  # ClusterIP: the address the API server allocates
+        outputs["spec"] = {**outputs["spec"], "clusterIP": _ip("10.96.0", args.name)}
     else:
         return None
     return f"{args.name}-id", outputs

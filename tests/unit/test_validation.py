@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from providers.gcp.config import GcpProviderEntry
-from providers.kubernetes.config import KubernetesProviderEntry
+from providers.kubernetes.config import KubernetesProvider, KubernetesProviderEntry
 from providers.kvm.config import DEFAULT_VENDOR_DATA, KvmProviderEntry
 from proxyinfra.clients import ClientRanges, client_ranges
+from proxyinfra.config import StackConfig
 from proxyinfra.validation import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -436,6 +437,30 @@ def test_kubernetes_provider_fields(keys: Path) -> None:
         "providers[3].kubernetes.image 'ubuntu/squid:latest' is not pinned (no @sha256 digest): "
         "a tag can move, so pods may run an image nobody reviewed"
     ]
+
+
+def test_kubernetes_manifest_address(keys: Path) -> None:
+    raw = cloud_config()
+    k8s = raw["providers"][3]["kubernetes"]
+    assert config_entry(validate(raw, keys)).manifest_address == "serviceDNS"
+    k8s["manifestAddress"] = "podIP"
+    assert errors_of(raw, keys) == [
+        "providers[3].kubernetes.manifestAddress: Input should be 'serviceDNS' or 'clusterIP' "
+        "(got 'podIP')"
+    ]
+    k8s["manifestAddress"] = "clusterIP"
+    assert config_entry(validate(raw, keys)).manifest_address == "clusterIP"
+    k8s["serviceType"] = "LoadBalancer"
+    assert errors_of(raw, keys) == [
+        "providers[3].kubernetes.manifestAddress: 'clusterIP' is for ClusterIP Services; a "
+        "LoadBalancer's proxies are listed by their load balancer address"
+    ]
+
+
+def config_entry(config: StackConfig) -> KubernetesProvider:
+    entry = config.providers["cluster"]
+    assert isinstance(entry, KubernetesProviderEntry)
+    return entry.kubernetes
 
 
 def test_clients_that_together_cover_everyone_are_refused(keys: Path) -> None:

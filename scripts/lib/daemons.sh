@@ -1,0 +1,67 @@
+# shellcheck shell=bash
+# Daemons a project script starts and stops by PID (scripts/testbed,
+# scripts/kube): each PID is kept in $STATE/NAME.pid, and only those are ever
+# signalled. Sourced after log and die are defined and STATE is set.
+
+# alive PID NAME: PID is a live (not zombie) process called NAME (the kernel
+# keeps 15 characters of it). Checking the name guards against a recycled PID
+# in a stale pid file.
+alive() {
+  local status
+  status=$(cat "/proc/$1/status" 2>/dev/null) || return 1
+  [[ $status == *$'Name:\t'"${2:0:15}"$'\n'* && $status != *$'State:\tZ'* ]]
+}
+
+# ours NAME [PROGRAM]: print the PID of the NAME daemon we started, if it still
+# runs (PROGRAM: its process name, when not NAME).
+ours() {
+  local pid
+  pid=$(tr -dc 0-9 2>/dev/null <"$STATE/$1.pid") || return 1
+  [[ -n $pid ]] && alive "$pid" "${2:-$1}" && echo "$pid"
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds.
+wait_for() {
+  local secs=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "timed out after ${secs}s waiting for $what"
+    sleep 0.1
+  done
+}
+
+# stop NAME [PROGRAM]: stop our NAME daemon (TERM, then KILL after 15 s);
+# never a foreign one.
+stop() {
+  local pid i program=${2:-$1}
+  pid=$(ours "$1" "$program") || {
+    rm -f "$STATE/$1.pid"
+    return 0
+  }
+  log "stopping $1 (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 150; i++)); do
+    alive "$pid" "$program" || break
+    sleep 0.1
+  done
+  if alive "$pid" "$program"; then
+    log "$1 (pid $pid) ignored SIGTERM for 15 s: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$STATE/$1.pid"
+}
+
+# put_file PATH MODE < CONTENT: write only when the content differs, so a warm
+# `up` leaves files (and their mtimes) alone. Returns 0 when it wrote.
+put_file() {
+  local path=$1 mode=$2 tmp
+  tmp=$(mktemp "$path.XXXXXX")
+  cat >"$tmp"
+  if [[ -f $path ]] && cmp -s "$tmp" "$path"; then
+    rm -f "$tmp"
+    return 1
+  fi
+  chmod "$mode" "$tmp"
+  mv -f "$tmp" "$path"
+}
