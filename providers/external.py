@@ -88,6 +88,9 @@ class ExternalBackend:
     def deployer(self, base_dir: Path) -> Deployer:
         return ExternalDeployer()
 
+    def check_access(self, entry: ProviderEntry, base_dir: Path) -> None:
+        return None  # nothing to reach before the provider plugin does
+
     def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
         pass  # none
 

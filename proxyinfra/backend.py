@@ -105,6 +105,11 @@ class Backend(Protocol):
         URL. ``entry`` is None when the provider entry itself has errors: then
         check what can be checked from its ``raw`` mapping."""
 
+    def check_access(self, entry: ProviderEntry, base_dir: Path) -> str | None:
+        """What keeps the stack from reaching this provider's place (a missing
+        credential file, an unreachable API), checked by the real program
+        before any resource; None when it can be reached or it cannot tell."""
+
     def deployer(self, base_dir: Path) -> Deployer: ...
 
     def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:

@@ -84,9 +84,24 @@ def check_plugins(config: StackConfig) -> None:
         raise ConfigError(issues)
 
 
+def check_access(config: StackConfig) -> None:
+    """Each provider entry's place can be reached (a kubeconfig, its context,
+    the API server), else one error per entry before any resource."""
+    if isinstance(settings.get_monitor(), MockMonitor):
+        return  # unit tests under set_mocks: there is no cluster to reach
+    issues = []
+    for index, entry in enumerate(config.providers.values()):
+        problem = backends()[entry.type].check_access(entry, config.base_dir)
+        if problem is not None:
+            issues.append(ConfigIssue(f"providers[{index}] ({entry.name})", problem))
+    if issues:
+        raise ConfigError(issues)
+
+
 def main() -> dict[str, Any]:
     config = load()
     check_plugins(config)
+    check_access(config)
     outputs = {"fleet": build_fleet(config, deployers(config))}
     for name, value in outputs.items():
         pulumi.export(name, value)

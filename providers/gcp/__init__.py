@@ -59,6 +59,9 @@ class GcpBackend:
 
         return GcpDeployer()
 
+    def check_access(self, entry: ProviderEntry, base_dir: Path) -> None:
+        return None  # nothing to reach before the provider plugin does
+
     def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
         pass  # none yet
 

@@ -48,6 +48,12 @@ class KubernetesBackend:
     ) -> None:
         checks.check_placement(proxy, path, report)
 
+    def check_access(self, entry: ProviderEntry, base_dir: Path) -> str | None:
+        assert isinstance(entry, KubernetesProviderEntry)
+        from providers.kubernetes.access import access_problem
+
+        return access_problem(entry.kubernetes, base_dir)
+
     def deployer(self, base_dir: Path) -> Deployer:
         from providers.kubernetes.deploy import KubernetesDeployer
 

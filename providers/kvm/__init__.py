@@ -49,6 +49,9 @@ class KvmBackend:
 
         return KvmDeployer(base_dir)
 
+    def check_access(self, entry: ProviderEntry, base_dir: Path) -> None:
+        return None  # hosts: `python -m proxyinfra hosts check`; clouds: the provider plugin
+
     def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
         from providers.kvm.commands import add_commands
 

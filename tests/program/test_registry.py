@@ -58,6 +58,9 @@ class FakeBackend:
         if proxy.placement.zone is not None:
             report.add(f"{path}.placement.zone", "fakecloud has no zones")
 
+    def check_access(self, entry, base_dir):
+        return None
+
     def deployer(self, base_dir):
         return FakeDeployer()
 
