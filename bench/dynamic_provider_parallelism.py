@@ -5,8 +5,7 @@ Run: .venv/bin/python -m bench.dynamic_provider_parallelism   (or scripts/bench 
 
 Pulumi runs every Python dynamic resource of a program in one provider
 process: the SDK's (`python -m pulumi.dynamic`, 4 workers) or the project's
-(providers/dynamic_host.py, the plugin script scripts/bootstrap links into
-.venv/bin). Part 1 starts each the way the engine does (tests/harness/engine.py)
+(providers/dynamic_host.py, the plugin script Pulumi.yaml names). Part 1 starts each the way the engine does (tests/harness/engine.py)
 and sends it N creates at once, each of which only sleeps --hold seconds, as a
 ProxyDomain create holds its call while the guest boots. Part 2 runs `pulumi
 up --parallel N` of a program of N such resources (bench/hold_program) with

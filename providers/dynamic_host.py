@@ -7,8 +7,8 @@ whose gRPC server is built with ``futures.ThreadPoolExecutor(max_workers=4)``
 (pulumi/dynamic/__main__.py). A ProxyDomain create holds its worker until
 the guest has an address, so a fleet of N new VMs came up four at a time.
 The project's own plugin script (scripts/pulumi-resource-pulumi-python,
-linked into .venv/bin by scripts/bootstrap, found on PATH before the one
-bundled with the CLI) runs this module instead: it gives the executors of
+named by Pulumi.yaml's `plugins:`, which the engine takes before PATH and the
+one bundled with the CLI) runs this module instead: it gives the executors of
 this process at least WORKERS threads, then runs the SDK's server unchanged.
 
 What it relies on, pinned by tests/unit/test_dynamic_host.py: the SDK's

@@ -12,6 +12,10 @@ from collections.abc import Generator
 import pytest
 
 from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
+from tests.support.kube import (
+    KUBE_MARK,
+    kube_cluster,  # noqa: F401  (session fixture: scripts/kube up)
+)
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
 from tests.support.testbed import testbed  # noqa: F401  (session fixture: the libvirt testbed)
 
@@ -24,16 +28,24 @@ sys.addaudithook(_RECORDER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The tests of the real CLI last: on a new machine scripts/test leaves its
-    # build running in the background while everything else runs first.
-    items.sort(key=lambda item: item.get_closest_marker(CLI_MARK) is not None)
+    # The tests of the real CLI last, and of those the ones on the Kubernetes
+    # cluster: on a new machine scripts/test leaves their builds running in
+    # the background while everything else runs first.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker(CLI_MARK) is not None,
+            item.get_closest_marker(KUBE_MARK) is not None,
+        )
+    )
 
 
-class _CliGate:
-    """Waits once for the CLI (scripts/bootstrap --cli: a build in progress,
-    then the link), outside any test's timeout, and says how long it waited."""
+class _Gate:
+    """Waits once for builds a group of tests needs (a command that waits for
+    a build in progress, then links or installs it), outside any test's
+    timeout, and says how long it waited."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: str, command: str, what: str) -> None:
+        self.env, self.command, self.what = env, command, what
         self.error: str | None = None
         self.ready = False
 
@@ -43,40 +55,48 @@ class _CliGate:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         started = time.monotonic()
         # The suite's own tests of this order run the gate as `true`.
-        command = os.environ.get("EGRESS_PROXIES_CLI_GATE", f"{ROOT}/scripts/bootstrap --cli")
+        command = os.environ.get(self.env, self.command)
         with subprocess.Popen(
             command.split(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-        ) as bootstrap:
+        ) as gate:
             try:
-                _, stderr = bootstrap.communicate(timeout=2)
+                _, stderr = gate.communicate(timeout=2)
             except subprocess.TimeoutExpired:
                 if reporter is not None:
                     reporter.write_line(
-                        "waiting for the Pulumi CLI build that scripts/test started "
-                        "(progress: .cache/build-pulumi.log)"
+                        f"waiting for {self.what} that scripts/test started "
+                        "(progress: .cache/build-*.log)"
                     )
-                _, stderr = bootstrap.communicate()
+                _, stderr = gate.communicate()
         waited = time.monotonic() - started
-        if bootstrap.returncode != 0:
-            self.error = f"scripts/bootstrap --cli failed after {waited:.0f}s:\n{stderr}"
+        if gate.returncode != 0:
+            self.error = f"{command} failed after {waited:.0f}s:\n{stderr}"
         else:
             self.ready = True
         if reporter is not None and waited >= 2:
-            reporter.write_line(f"the Pulumi CLI: waited {waited:.0f}s for it")
+            reporter.write_line(f"{self.what}: waited {waited:.0f}s for it")
 
 
-_CLI = _CliGate()
+_CLI = _Gate("EGRESS_PROXIES_CLI_GATE", f"{ROOT}/scripts/bootstrap --cli", "the Pulumi CLI")
+# The cluster's binaries and images and the pulumi-kubernetes plugin.
+_KUBE = _Gate(
+    "EGRESS_PROXIES_KUBE_GATE",
+    f"{ROOT}/scripts/bootstrap --kubernetes",
+    "the Kubernetes builds and the pulumi-kubernetes plugin",
+)
+_GATES = ((CLI_MARK, _CLI), (KUBE_MARK, _KUBE))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None]:
     # Outside pytest-timeout's clock (its wrapper is inside this one): the
     # wait is the build's time, not the test's.
-    if item.get_closest_marker(CLI_MARK) is not None:
-        _CLI.wait(item.config)
+    for mark, gate in _GATES:
+        if item.get_closest_marker(mark) is not None:
+            gate.wait(item.config)
     yield
 
 
@@ -86,8 +106,9 @@ _CLI_RUNS = pytest.StashKey[int]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_CLI_RUNS] = _RECORDER.cli_runs
-    if item.get_closest_marker(CLI_MARK) is not None and _CLI.error is not None:
-        pytest.fail(_CLI.error, pytrace=False)
+    for mark, gate in _GATES:
+        if item.get_closest_marker(mark) is not None and gate.error is not None:
+            pytest.fail(gate.error, pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

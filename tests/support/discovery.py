@@ -247,8 +247,10 @@ class ServiceProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         fd_limit: int | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.args = args
+        self.cwd = cwd  # `--stack` runs `pulumi stack output` here
         self.log_path = log_path
         self.fd_limit = fd_limit  # RLIMIT_NOFILE, soft and hard (`ulimit -n`)
         self.env = {**os.environ, **(env or {})}
@@ -260,7 +262,7 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "discovery", "serve", *self.args],
-                cwd=ROOT,
+                cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

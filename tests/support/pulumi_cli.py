@@ -45,6 +45,8 @@ class CliStack:
                 "options": {"toolchain": "pip", "virtualenv": str(ROOT / ".venv")},
             },
             "main": os.path.relpath(self.program, self.directory),
+            # The project's dynamic-provider host, as in the checkout's Pulumi.yaml.
+            "plugins": {"providers": [{"name": "pulumi-python", "path": str(ROOT / "scripts")}]},
         }
         (self.directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
         self.write_config(self.config)

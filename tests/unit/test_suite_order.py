@@ -22,12 +22,15 @@ HOME = os.environ["HOME"]
 def suite(pytester: pytest.Pytester, files: dict[str, str]) -> pytest.RunResult:
     """Runs FILES as a test suite of their own under the project's conftest."""
     pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
-    pytester.makeini("[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n")
+    pytester.makeini(
+        "[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n    kubernetes: needs the cluster\n"
+    )
     pytester.makepyfile(**files)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(ROOT))
         patch.setenv("HOME", HOME)
         patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")  # no wait for a real build
+        patch.setenv("EGRESS_PROXIES_KUBE_GATE", "true")
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
 
 
@@ -52,6 +55,46 @@ def test_the_tests_of_the_cli_run_after_every_other_test(pytester: pytest.Pytest
         "test_a_engine.py::test_one",
         "test_a_engine.py::test_two",
     ]
+
+
+def test_the_tests_on_the_cluster_run_after_those_of_the_cli(pytester: pytest.Pytester) -> None:
+    result = suite(
+        pytester,
+        {
+            "test_a_kube": (
+                "import pytest\n"
+                "pytestmark = [pytest.mark.pulumi_cli, pytest.mark.kubernetes]\n"
+                "def test_pods(): pass\n"
+            ),
+            "test_b_engine": "import pytest\n@pytest.mark.pulumi_cli\ndef test_up(): pass\n",
+            "test_c_unit": "def test_unit(): pass\n",
+        },
+    )
+    result.assert_outcomes(passed=3)
+    ran = [line.split(" ")[0] for line in result.outlines if " PASSED" in line]
+    assert ran == [
+        "test_c_unit.py::test_unit",
+        "test_b_engine.py::test_up",
+        "test_a_kube.py::test_pods",
+    ]
+
+
+def test_a_failed_kubernetes_build_fails_only_the_tests_that_need_it(
+    pytester: pytest.Pytester,
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EGRESS_PROXIES_KUBE_GATE", "test -e /no-such-build")
+        pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+        pytester.makeini("[pytest]\nmarkers =\n    pulumi_cli: x\n    kubernetes: y\n")
+        pytester.makepyfile(
+            test_k="import pytest\n@pytest.mark.kubernetes\ndef test_pods(): pass\n"
+            "def test_unit(): pass\n"
+        )
+        patch.setenv("PYTHONPATH", str(ROOT))
+        patch.setenv("HOME", HOME)
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test -e /no-such-build failed after*"])
 
 
 @pytest.fixture

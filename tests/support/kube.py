@@ -1,0 +1,136 @@
+"""The one-node Kubernetes cluster made by scripts/kube, and a small client of
+its API server for what a test checks on the cluster's side.
+
+`scripts/kube up` starts the cluster (quick when it is up already) and prints
+its JSON object; the session stops it again only if it found none running,
+unless KUBE_KEEP=1. The client reads the admin kubeconfig `up` printed, as a
+user's tools would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "kube"
+KUBE_MARK = "kubernetes"
+
+
+def run_kube(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+class Api:
+    """The API server as the kubeconfig's user (the cluster's admin)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        doc = yaml.safe_load(kubeconfig.read_text())
+        context = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])
+        cluster = next(c for c in doc["clusters"] if c["name"] == context["context"]["cluster"])
+        user = next(u for u in doc["users"] if u["name"] == context["context"]["user"])
+        self.server = cluster["cluster"]["server"]
+        self._files = tempfile.TemporaryDirectory(prefix="kube-client-")
+        paths = {}
+        for key in ("certificate-authority-data", "client-certificate-data", "client-key-data"):
+            source = cluster["cluster"] if key.startswith("certificate") else user["user"]
+            path = Path(self._files.name) / key
+            path.write_bytes(base64.b64decode(source[key]))
+            paths[key] = str(path)
+        self.http = httpx.Client(
+            base_url=self.server,
+            verify=paths["certificate-authority-data"],
+            cert=(paths["client-certificate-data"], paths["client-key-data"]),
+            timeout=30,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+        self._files.cleanup()
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The object at PATH, or None when there is none (404)."""
+        answer = self.http.get(path)
+        if answer.status_code == 404:
+            return None
+        answer.raise_for_status()
+        return answer.json()  # type: ignore[no-any-return]
+
+    def items(self, path: str, selector: str | None = None) -> list[dict[str, Any]]:
+        answer = self.http.get(path, params={"labelSelector": selector} if selector else None)
+        answer.raise_for_status()
+        return list(answer.json()["items"])
+
+    def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = self.http.patch(
+            path, content=json.dumps(body), headers={"Content-Type": "application/merge-patch+json"}
+        )
+        answer.raise_for_status()
+        return answer.json()  # type: ignore[no-any-return]
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = self.http.post(path, json=body)
+        answer.raise_for_status()
+        return answer.json()  # type: ignore[no-any-return]
+
+    def delete(self, path: str) -> None:
+        answer = self.http.delete(path)
+        if answer.status_code != 404:
+            answer.raise_for_status()
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What `scripts/kube up` printed."""
+
+    kubeconfig: Path
+    squid_image: str
+    client_cidr: str
+    host_address: str
+    api: Api
+
+    @classmethod
+    def from_json(cls, line: str) -> Cluster:
+        doc = json.loads(line)
+        kubeconfig = Path(doc["kubeconfig"])
+        return cls(
+            kubeconfig, doc["squidImage"], doc["clientCidr"], doc["hostAddress"], Api(kubeconfig)
+        )
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[Cluster]:
+    was_up = run_kube("status").returncode == 0
+    done = run_kube("up")
+    if done.returncode != 0:
+        raise AssertionError(f"scripts/kube up failed:\n{done.stderr[-6000:]}")
+    cluster = Cluster.from_json(done.stdout.strip().splitlines()[-1])
+    try:
+        yield cluster
+    finally:
+        cluster.api.close()
+        if not was_up and os.environ.get("KUBE_KEEP") != "1":
+            down = run_kube("down", timeout=600)
+            if down.returncode != 0:
+                raise AssertionError(f"scripts/kube down failed:\n{down.stderr[-4000:]}")
