@@ -101,5 +101,5 @@ def test_preview_of_gcp_and_kubernetes_without_their_plugins_names_them(
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert "Traceback" not in out, out[-3000:]
-    for plugin, version in (("gcp", "10.2.0"), ("kubernetes", "4.34.2")):
+    for plugin, version in (("gcp", "10.2.0"), ("kubernetes", "4.25.0")):
         assert f"pulumi plugin install resource {plugin} v{version}" in out, out[-3000:]

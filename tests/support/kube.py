@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import ssl
 import subprocess
 import tempfile
 import time
@@ -51,12 +52,9 @@ class Api:
             path = Path(self._files.name) / key
             path.write_bytes(base64.b64decode(source[key]))
             paths[key] = str(path)
-        self.http = httpx.Client(
-            base_url=self.server,
-            verify=paths["certificate-authority-data"],
-            cert=(paths["client-certificate-data"], paths["client-key-data"]),
-            timeout=30,
-        )
+        tls = ssl.create_default_context(cafile=paths["certificate-authority-data"])
+        tls.load_cert_chain(paths["client-certificate-data"], paths["client-key-data"])
+        self.http = httpx.Client(base_url=self.server, verify=tls, timeout=30)
 
     def close(self) -> None:
         self.http.close()
@@ -134,3 +132,42 @@ def kube_cluster() -> Iterator[Cluster]:
             down = run_kube("down", timeout=600)
             if down.returncode != 0:
                 raise AssertionError(f"scripts/kube down failed:\n{down.stderr[-4000:]}")
+
+
+def kube_stack_config(
+    cluster: Cluster,
+    *,
+    namespace: str,
+    replicas: int,
+    create_namespace: bool = True,
+    provider: str = "cluster",
+) -> dict[str, Any]:
+    """A stack of squid pods on the cluster, reachable from this machine:
+    the manifest names each Service by its cluster IP (kube-proxy routes it
+    here), squid admits this machine's address to the pods, and the page the
+    tests fetch is on this machine (a private address squid refuses by default)."""
+    return {
+        "providers": [
+            {
+                "name": provider,
+                "type": "kubernetes",
+                "kubernetes": {
+                    "kubeconfig": str(cluster.kubeconfig),
+                    "namespace": namespace,
+                    "createNamespace": create_namespace,
+                    "image": cluster.squid_image,
+                    "manifestAddress": "clusterIP",
+                    "clientNamespaces": ["crawlers"],
+                    "cpuRequest": "10m",
+                    "memoryRequest": "32Mi",
+                },
+            }
+        ],
+        "proxies": [{"name": "pods", "provider": provider, "replicas": replicas}],
+        "squid": {
+            "allowedClients": [cluster.client_cidr],
+            "connectPorts": ["443", "1024-65535"],
+            "blockedDestinations": [],
+            "auth": {"username": "crawler"},
+        },
+    }

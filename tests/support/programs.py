@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ PACKAGE_LISTS = tuple(sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("script
 # it may find a copy no package installed (pyenv's python3, a hand-built tool).
 SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # Not a Debian package: the sources a registry entry may name instead.
-NON_DEBIAN = {"(bootstrap)", "(machine)"}
+NON_DEBIAN = {"(bootstrap)", "(kube)", "(machine)"}
 
 BASH_BUILTINS = frozenset(
     [
@@ -139,12 +140,30 @@ def listed_packages() -> dict[str, str]:
 
 
 def shell_scripts() -> list[Path]:
-    """Every bash script of the project (by its #! line)."""
+    """Every bash script of the project (by its #! line), and the libraries
+    they source (scripts/lib/*.sh)."""
     found = []
     for path in sorted([*ROOT.glob("scripts/*"), *ROOT.glob(".ci/*")]):
         if path.is_file() and path.read_bytes()[:64].startswith(b"#!/usr/bin/env bash"):
             found.append(path)
-    return found
+    return found + sorted(ROOT.glob("scripts/lib/*.sh"))
+
+
+_SOURCED = re.compile(r'^\s*(?:\.|source)\s+"?\$ROOT/(scripts/lib/[\w.-]+\.sh)"?', re.MULTILINE)
+
+
+# What a library of scripts/lib expects the script that sources it to define.
+LIBRARY_NEEDS = {"log", "die"}
+
+
+def _sourced_functions(text: str) -> set[str]:
+    """Functions of the project's shell libraries that a script sources."""
+    names: set[str] = set()
+    for library in _SOURCED.findall(text):
+        for node in _walk(_parse_shell((ROOT / library).read_text())):
+            if node.get("Type") == "FuncDecl":
+                names.add(node["Name"]["Value"])  # type: ignore[index]
+    return names
 
 
 def _literal(word: dict[str, object]) -> str | None:
@@ -194,7 +213,9 @@ def shell_commands(text: str) -> set[str]:
     wrapper (`runuser ... -- virsh`, `exec cmd`), inside `bash -c '...'`, and
     programs handed to the script's own functions (`try "what" userdel ...`)."""
     tree = _parse_shell(text)
-    functions: set[str] = set()
+    functions: set[str] = _sourced_functions(text)
+    if text.startswith("# shellcheck shell=bash"):  # a library: its caller's functions
+        functions |= LIBRARY_NEEDS
     in_chroot: set[str] = set()  # functions that run their arguments in another tree
     for node in _walk(tree):
         if node.get("Type") == "FuncDecl":

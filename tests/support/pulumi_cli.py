@@ -34,6 +34,9 @@ class CliStack:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     passphrase: str = "cli-test-passphrase"
     program: Path = ROOT  # the directory of the program's __main__.py
+    # Resource plugins (e.g. "kubernetes") of the user's PULUMI_HOME, where
+    # scripts/bootstrap installs them, seen by this stack's own PULUMI_HOME.
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -50,9 +53,25 @@ class CliStack:
         }
         (self.directory / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
         self.write_config(self.config)
+        self._link_plugins()
         done = self.run("stack", "init", self.stack)
         if done.returncode != 0:
             raise AssertionError(f"pulumi stack init {self.stack}: {done.stderr}")
+
+    def _link_plugins(self) -> None:
+        shared = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi") / "plugins"
+        own = self.directory / "pulumi-home" / "plugins"
+        for name in self.plugins:
+            found = sorted(shared.glob(f"resource-{name}-v*[0-9]"))
+            if not found:
+                raise AssertionError(
+                    f"no {name} plugin in {shared}: scripts/bootstrap --kubernetes"
+                )
+            own.mkdir(parents=True, exist_ok=True)
+            for plugin in found:
+                link = own / plugin.name
+                if not link.exists():
+                    link.symlink_to(plugin, target_is_directory=True)
 
     @property
     def stack_file(self) -> Path:

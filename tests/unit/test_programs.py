@@ -74,12 +74,28 @@ def _owners() -> dict[str, set[str]]:
     return owners
 
 
+def _kube_built(name: str) -> Path:
+    """Where the Kubernetes builds leave NAME (the directory scripts/build-kube
+    prints; the plugin as scripts/bootstrap --kubernetes installs it)."""
+    if name == "pulumi-resource-kubernetes":
+        home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
+        installed = sorted(home.glob(f"plugins/resource-kubernetes-v*/{name}"))
+        return installed[-1] if installed else home / "plugins" / name
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "build-kube")], capture_output=True, text=True, check=True
+    )
+    return Path(done.stdout.strip().splitlines()[-1]) / name
+
+
 @pytest.mark.parametrize(
     "name",
     [
-        # What bootstrap builds is there once the CLI's build ended.
+        # What bootstrap builds is there once the CLI's build ended, the
+        # Kubernetes builds once theirs did.
         pytest.param(name, marks=pytest.mark.pulumi_cli)
         if REGISTRY[name].package == "(bootstrap)"
+        else pytest.param(name, marks=[pytest.mark.pulumi_cli, pytest.mark.kubernetes])
+        if REGISTRY[name].package == "(kube)"
         else name
         for name in sorted(REGISTRY)
     ],
@@ -92,6 +108,9 @@ def test_registered_program_is_installed_by_its_listed_package(name: str) -> Non
         # where the engine looks for its plugins.
         cli = (ROOT / ".venv" / "bin" / "pulumi").resolve()
         assert os.access(cli.parent / name, os.X_OK), f"{name} is not beside {cli}"
+        return
+    if entry.package == "(kube)":
+        assert os.access(_kube_built(name), os.X_OK), f"{name} is not where its build put it"
         return
     if entry.package == "(machine)":
         assert name == "go", f"scripts/programs.txt:{entry.line}: only Go comes with the machine"
