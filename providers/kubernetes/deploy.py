@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi.output import UNKNOWN
 
 from providers.kubernetes.config import KubernetesProviderEntry
 from providers.kubernetes.container import CONFIG_KEY, PASSWORDS_KEY, container_settings
@@ -23,6 +25,8 @@ from proxyinfra.squid import password_file_line, render_squid_conf
 
 core = k8s.core.v1
 meta = k8s.meta.v1
+
+PATCH_FORCE = "pulumi.com/patchForce"
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,14 @@ def _load_balancer_address(status: core.outputs.ServiceStatus | None) -> str:
     return address
 
 
-def _cluster_ip(spec: core.outputs.ServiceSpec | None) -> str:
+def _cluster_ip(spec: core.outputs.ServiceSpec | None) -> pulumi.Input[str]:
     address = spec.cluster_ip if spec else None
-    if not address or address == "None":
-        raise ValueError("the Service has no cluster IP")
-    return address
+    if address and address != "None":
+        return address
+    if pulumi.runtime.is_dry_run():
+        # A preview of a new Service: the API server allocates its IP on create.
+        return pulumi.Output.from_input(cast(str, UNKNOWN))
+    raise ValueError("the Service has no cluster IP")
 
 
 class KubernetesDeployer:
@@ -64,7 +71,17 @@ class KubernetesDeployer:
             )
             # An explicit provider: the cluster is the stack config's, not
             # whatever context the shell's kubeconfig has selected.
-            provider = k8s.Provider(entry.name, kubeconfig=kubeconfig, context=config.context)
+            provider = k8s.Provider(
+                entry.name,
+                kubeconfig=kubeconfig,
+                context=config.context,
+                # A changed squid.conf or password file updates its object in
+                # place (the pod rolls through the config hash annotation, the
+                # password file is re-read): replacing the ConfigMap or Secret
+                # under its fixed name would delete it under a running pod.
+                enable_config_map_mutable=True,
+                enable_secret_mutable=True,
+            )
             namespace: pulumi.Output[str] = pulumi.Output.from_input(config.namespace)
             if config.create_namespace:
                 made = core.Namespace(
@@ -98,7 +115,15 @@ class KubernetesDeployer:
         )
 
         def metadata(name: str) -> meta.ObjectMetaArgs:
-            return meta.ObjectMetaArgs(name=name, namespace=shared.namespace, labels=labels)
+            return meta.ObjectMetaArgs(
+                name=name,
+                namespace=shared.namespace,
+                labels=labels,
+                # The stack owns these objects: `up` takes back fields another
+                # field manager changed (kubectl scale, an edit), where
+                # server-side apply would otherwise stop at the conflict.
+                annotations={PATCH_FORCE: "true"},
+            )
 
         # The policy first, so the pod is never reachable without it.
         policy = k8s.networking.v1.NetworkPolicy(

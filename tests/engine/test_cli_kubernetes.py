@@ -31,7 +31,7 @@ from proxyinfra.config import Squid
 from proxyinfra.names import proxy_id
 from proxyinfra.squid import render_squid_conf
 from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
-from tests.support.kube import Cluster, kube_stack_config
+from tests.support.kube import Api, Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
 from tests.support.pulumi_cli import CliStack
 
@@ -55,6 +55,12 @@ def ns(path: str = "") -> str:
 
 def apps(path: str) -> str:
     return f"/apis/apps/v1/namespaces/{NAMESPACE}{path}"
+
+
+def uid(api: Api, path: str) -> str:
+    found = api.get(path)
+    assert found is not None, path
+    return str(found["metadata"]["uid"])
 
 
 def stack_objects(cluster: Cluster, stack: str = STACK) -> list[str]:
@@ -248,8 +254,11 @@ def test_drift_is_shown_by_refresh_and_repaired_by_up(
     api.patch(apps(f"/deployments/{pid}"), {"spec": {"replicas": 0}})
     api.patch(ns(f"/configmaps/{pid}"), {"data": {"squid.conf": "http_port 1\n"}})
     refreshed = stack.ok("refresh", "--yes", "--diff")
-    assert re.search(r"~ kubernetes:apps/v1:Deployment.*pods-0-deployment", refreshed.stdout)
-    assert re.search(r"~ kubernetes:core/v1:ConfigMap.*pods-0-squid-conf", refreshed.stdout)
+    out = refreshed.stdout
+    # What changed out of band, as refresh shows it: two objects, and how.
+    assert re.search(r"~ 2 updated", out), out[-4000:]
+    assert re.search(r"~ replicas\s*: 1 => 0", out), out[-4000:]
+    assert re.search(r'~ "?squid\.conf"?\s*: ', out), out[-4000:]
     stack.ok("up", "--yes", "--skip-preview")
     deployment = api.get(apps(f"/deployments/{pid}"))
     assert deployment is not None
@@ -266,22 +275,28 @@ def test_a_squid_change_rolls_the_pods_and_replaces_nothing(
 ) -> None:
     api = kube_cluster.api
     before = {p["metadata"]["uid"] for p in api.items(ns("/pods"), "egress-proxies/stack=kube")}
-    uids = {pid: api.get(apps(f"/deployments/{pid}"))["metadata"]["uid"] for pid in ids()}  # type: ignore[index]
+    objects = [apps(f"/deployments/{pid}") for pid in ids()]
+    objects += [ns(f"/configmaps/{pid}") for pid in ids()]
+    objects += [ns(f"/secrets/{pid}-auth") for pid in ids()]
+    objects += [ns(f"/services/{pid}") for pid in ids()]
+    uids = {path: uid(api, path) for path in objects}
     config = dict(stack.config)
-    squid = {**config["squid"], "connectPorts": [*config["squid"]["connectPorts"], "8443"]}
+    squid = {**config["squid"], "connectPorts": [*config["squid"]["connectPorts"], "563"]}
     stack.write_config({**config, "squid": squid})
-    done = stack.ok("up", "--yes", "--skip-preview", "--diff")
-    assert "replace" not in done.stdout.lower().replace("replaced", ""), done.stdout[-3000:]
+    done = stack.ok("up", "--yes", "--skip-preview")
+    assert not re.search(r"\d+ replaced", done.stdout), done.stdout[-3000:]
+    # Updated in place: every object keeps its identity.
+    assert {path: uid(api, path) for path in objects} == uids
     conf = render_squid_conf(container_settings(Squid.model_validate(squid)))
     digest = hashlib.sha256(conf.encode()).hexdigest()
     for pid in ids():
         deployment = api.get(apps(f"/deployments/{pid}"))
-        assert deployment is not None and deployment["metadata"]["uid"] == uids[pid]
+        assert deployment is not None
         template = deployment["spec"]["template"]["metadata"]["annotations"]
         assert template[CONFIG_HASH_ANNOTATION] == digest
         assert deployment["status"].get("updatedReplicas") == 1
         config_map = api.get(ns(f"/configmaps/{pid}"))
-        assert config_map is not None and "8443" in config_map["data"]["squid.conf"]
+        assert config_map is not None and "563" in config_map["data"]["squid.conf"]
     api.wait(
         "the old pods to be gone",
         lambda: {

@@ -67,11 +67,14 @@ class CliStack:
                 raise AssertionError(
                     f"no {name} plugin in {shared}: scripts/bootstrap --kubernetes"
                 )
-            own.mkdir(parents=True, exist_ok=True)
             for plugin in found:
-                link = own / plugin.name
-                if not link.exists():
-                    link.symlink_to(plugin, target_is_directory=True)
+                # A directory of its own (the engine skips symlinked ones)
+                # holding links to the installed files.
+                mine = own / plugin.name
+                mine.mkdir(parents=True, exist_ok=True)
+                for file in plugin.iterdir():
+                    if not (mine / file.name).exists():
+                        (mine / file.name).symlink_to(file)
 
     @property
     def stack_file(self) -> Path:
