@@ -6,39 +6,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.pulumi_cli import CliStack
+from tests.support.pulumi_cli import CliStack, unreachable_kvm_provider
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
-
-
-def kvm_provider(tmp_path: Path, **host: Any) -> dict[str, Any]:
-    key, known = tmp_path / "key", tmp_path / "known"
-    key.write_text("not used: validation fails first\n")
-    known.write_text("")
-    return {
-        "name": "home",
-        "type": "kvm",
-        "kvm": {
-            "sshKeyFile": str(key),
-            "knownHostsFile": str(known),
-            "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-            "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-            "hosts": [
-                {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n", **host}
-            ],
-        },
-    }
 
 
 def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
     tmp_path: Path,
 ) -> None:
     config = {
-        "providers": [kvm_provider(tmp_path, cpuMode="custom")],
+        "providers": [unreachable_kvm_provider(tmp_path, cpuMode="custom")],
         "proxies": [
             {
                 "name": "a",

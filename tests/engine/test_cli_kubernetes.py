@@ -30,7 +30,14 @@ from providers.kubernetes.workload import CONFIG_HASH_ANNOTATION
 from proxyinfra.config import Squid
 from proxyinfra.names import proxy_id
 from proxyinfra.squid import render_squid_conf
-from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
+from tests.support.discovery import (
+    ServiceProcess,
+    all_healthy,
+    api_client,
+    free_port,
+    proxies,
+    wait_for,
+)
 from tests.support.kube import Api, Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
 from tests.support.pulumi_cli import CliStack
@@ -164,17 +171,8 @@ def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod
     )
     service.start(timeout=60)
     try:
-        with httpx.Client(
-            base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-        ) as client:
-            wait_for(
-                lambda: (
-                    sorted(proxies(client)) == sorted(NAMES)
-                    and all(p["health"] == "healthy" for p in proxies(client).values())
-                ),
-                timeout=60,
-                interval=0.5,
-            )
+        with api_client(service.url, TOKEN) as client:
+            wait_for(lambda: all_healthy(client, set(NAMES)), timeout=60, interval=0.5)
             pod_ips = {
                 p["status"]["podIP"]
                 for p in kube_cluster.api.items(ns("/pods"), "egress-proxies/stack=kube")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.pulumi_cli import PULUMI, ROOT, CliStack
+from tests.support.pulumi_cli import PULUMI, ROOT, CliStack, unreachable_kvm_provider
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -21,22 +21,8 @@ PLUGIN = "pulumi-resource-pulumi-python"
 
 
 def kvm_config(tmp_path: Path) -> dict[str, Any]:
-    key, known = tmp_path / "key", tmp_path / "known"
-    key.write_text("not used: a preview connects to no host\n")
-    known.write_text("")
-    provider = {
-        "name": "home",
-        "type": "kvm",
-        "kvm": {
-            "sshKeyFile": str(key),
-            "knownHostsFile": str(known),
-            "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-            "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-            "hosts": [{"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n"}],
-        },
-    }
     return {
-        "providers": [provider],
+        "providers": [unreachable_kvm_provider(tmp_path)],
         "proxies": [
             {"name": "a", "provider": "home", "placement": {"machineType": "s", "image": "d"}}
         ],

@@ -41,6 +41,7 @@ from discovery.connections import (
 from tests.support.discovery import (
     ROOT,
     ServiceProcess,
+    all_healthy,
     free_port,
     proxies,
     proxy_entry,
@@ -129,11 +130,6 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no {name} in the metrics")
-
-
-def all_healthy(client: httpx.Client, names: set[str]) -> bool:
-    listed = proxies(client)
-    return set(listed) == names and all(p["health"] == "healthy" for p in listed.values())
 
 
 # -- the service under `ulimit -n 1024` ------------------------------------------------------

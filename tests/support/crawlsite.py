@@ -28,7 +28,15 @@ from typing import Any, Self
 
 import httpx
 
-from tests.support.discovery import ServiceProcess, free_port, proxies, proxy_entry, write_fleet
+from tests.support.discovery import (
+    ServiceProcess,
+    all_healthy,
+    api_client,
+    free_port,
+    proxies,
+    proxy_entry,
+    write_fleet,
+)
 from tests.support.squid import EchoServer, RunningSquid, loopback_settings, start_squid
 
 DIRECT = "127.0.0.1"
@@ -180,11 +188,4 @@ def crawl_service(
 
 
 def client(service: ServiceProcess) -> httpx.Client:
-    return httpx.Client(
-        base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-    )
-
-
-def all_healthy(http: httpx.Client, names: set[str]) -> bool:
-    listed = proxies(http)
-    return set(listed) == names and all(p["health"] == "healthy" for p in listed.values())
+    return api_client(service.url, TOKEN)

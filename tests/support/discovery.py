@@ -329,6 +329,16 @@ def proxies(client: httpx.Client) -> dict[str, dict[str, Any]]:
     return {p["name"]: p for p in answer.json()["proxies"]}
 
 
+def all_healthy(http: httpx.Client, names: set[str]) -> bool:
+    """The service lists exactly NAMES, every one healthy."""
+    listed = proxies(http)
+    return set(listed) == names and all(p["health"] == "healthy" for p in listed.values())
+
+
+def api_client(url: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
