@@ -60,6 +60,7 @@ def test_a_second_checkout_neither_takes_over_nor_tears_down_the_testbed(
     (other / "scripts").mkdir(parents=True)
     for name in ("testbed", "install-packages", "testbed-packages.txt"):
         shutil.copy2(ROOT / "scripts" / name, other / "scripts" / name)
+    shutil.copytree(ROOT / "scripts" / "lib", other / "scripts" / "lib")
     script = other / "scripts" / "testbed"
     up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=120)
     assert up.returncode == 1
