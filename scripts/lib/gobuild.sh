@@ -16,10 +16,11 @@ die() {
   exit 1
 }
 
-# go_env: what every build here needs: Go itself, no toolchain switch, static
-# binaries, modules resolved as the wrapper's go.mod says.
+# go_env WHAT: what every build here needs: Go itself (WHAT, e.g. "the CLI",
+# names what needs it), no toolchain switch, static binaries, modules
+# resolved as the wrapper's go.mod says.
 go_env() {
-  command -v go >/dev/null || die "go is not installed; this is built from Go modules (Go 1.26 or newer)"
+  command -v go >/dev/null || die "go is not installed; $1 is built from Go modules (Go 1.26 or newer)"
   export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
   mkdir -p "$CACHE"
 }

@@ -64,6 +64,7 @@ def test_a_failed_step_names_the_step_and_the_module(tmp_path: Path) -> None:
     root = tmp_path / "checkout"
     (root / "scripts").mkdir(parents=True)
     shutil.copy2(ROOT / "scripts" / "build-pulumi", root / "scripts")
+    shutil.copytree(ROOT / "scripts" / "lib", root / "scripts" / "lib")
     version = "v3.999.0"  # no such release
     (root / "scripts" / "pulumi-version").write_text(
         f"PULUMI_VERSION={version}\nPULUMI_PYTHON_HOST_SDK={pinned()['PULUMI_PYTHON_HOST_SDK']}\n"
