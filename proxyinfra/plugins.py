@@ -41,9 +41,13 @@ def _search_dirs() -> list[Path]:
     return dirs
 
 
+def pulumi_home() -> Path:
+    """The engine's home: its plugin cache is `plugins/` below it."""
+    return Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
+
+
 def installed(plugin: Plugin) -> bool:
-    home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
-    cached = home / "plugins" / f"resource-{plugin.name}-v{plugin.version}" / plugin.binary
+    cached = pulumi_home() / "plugins" / f"resource-{plugin.name}-v{plugin.version}" / plugin.binary
     if cached.is_file() and os.access(cached, os.X_OK):
         return True
     return any(os.access(d / plugin.binary, os.X_OK) for d in _search_dirs())

@@ -12,12 +12,11 @@ alive() {
   [[ $status == *$'Name:\t'"${2:0:15}"$'\n'* && $status != *$'State:\tZ'* ]]
 }
 
-# ours NAME [PROGRAM]: print the PID of the NAME daemon we started, if it still
-# runs (PROGRAM: its process name, when not NAME).
+# ours NAME: print the PID of the NAME daemon we started, if it still runs.
 ours() {
   local pid
   pid=$(tr -dc 0-9 2>/dev/null <"$STATE/$1.pid") || return 1
-  [[ -n $pid ]] && alive "$pid" "${2:-$1}" && echo "$pid"
+  [[ -n $pid ]] && alive "$pid" "$1" && echo "$pid"
 }
 
 # wait_for SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds.
@@ -31,21 +30,21 @@ wait_for() {
   done
 }
 
-# stop NAME [PROGRAM]: stop our NAME daemon (TERM, then KILL after 15 s);
-# never a foreign one.
+# stop NAME: stop our NAME daemon (TERM, then KILL after 15 s); never a
+# foreign one.
 stop() {
-  local pid i program=${2:-$1}
-  pid=$(ours "$1" "$program") || {
+  local pid i
+  pid=$(ours "$1") || {
     rm -f "$STATE/$1.pid"
     return 0
   }
   log "stopping $1 (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
   for ((i = 0; i < 150; i++)); do
-    alive "$pid" "$program" || break
+    alive "$pid" "$1" || break
     sleep 0.1
   done
-  if alive "$pid" "$program"; then
+  if alive "$pid" "$1"; then
     log "$1 (pid $pid) ignored SIGTERM for 15 s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
   fi

@@ -295,11 +295,13 @@ def test_a_squid_change_rolls_the_pods_and_replaces_nothing(
         assert deployment["status"].get("updatedReplicas") == 1
         config_map = api.get(ns(f"/configmaps/{pid}"))
         assert config_map is not None and "563" in config_map["data"]["squid.conf"]
-    api.wait(
-        "the old pods to be gone",
+    wait_for(
         lambda: {
             p["metadata"]["uid"] for p in api.items(ns("/pods"), "egress-proxies/stack=kube")
         }.isdisjoint(before),
+        timeout=120,
+        interval=0.5,
+        what="the old pods to be gone",
     )
     stack.ok("preview", "--expect-no-changes")
 
@@ -344,7 +346,9 @@ def test_destroy_removes_the_stack_s_namespace_and_everything_in_it(
     stack.ok("destroy", "--yes", "--skip-preview")
     TIMES["destroy of 3 pods"] = time.monotonic() - started
     api = kube_cluster.api
-    api.wait("the namespace to be gone", lambda: api.get(ns()) is None, timeout=120)
+    wait_for(
+        lambda: api.get(ns()) is None, timeout=120, interval=0.5, what="the namespace to be gone"
+    )
     assert stack_objects(kube_cluster) == []
     assert stack.resources() == []
     print(f"\nkubernetes stack of 3 pods: {', '.join(f'{k} {v:.1f}s' for k, v in TIMES.items())}")
@@ -360,9 +364,11 @@ def test_with_an_existing_namespace_destroy_removes_only_the_stack_s_objects(
     namespace = "ep-cli-shared"
     api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
     try:
-        api.wait(
-            "the namespace's service account",
+        wait_for(
             lambda: api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default") is not None,
+            timeout=120,
+            interval=0.5,
+            what="the namespace's service account",
         )
         theirs = {"metadata": {"name": "not-the-stack-s"}, "data": {"k": "v"}}
         api.create(f"/api/v1/namespaces/{namespace}/configmaps", theirs)

@@ -13,14 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from discovery.client import lease
 from tests.support.discovery import ServiceProcess, all_healthy, api_client, free_port, wait_for
 from tests.support.http import FileServer
 from tests.support.images import proxy_image
 from tests.support.kube import Cluster, kube_stack_config
-from tests.support.proxyvm import PAGE, PageServer, self_signed
+from tests.support.proxyvm import PAGE, PageServer, proxy_vm_provider, self_signed
 from tests.support.pulumi_cli import CliStack
 from tests.support.testbed import Testbed
 
@@ -31,10 +30,7 @@ HEALTHY_TIMEOUT = 300.0  # the VM: cloud-init under TCG
 
 
 def mixed_config(testbed: Testbed, cluster: Cluster, image_url: str, sha256: str) -> dict[str, Any]:
-    kvm = yaml.safe_load(testbed.provider_yaml.read_text())
-    kvm["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
-    kvm["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 512}}
-    kvm["kvm"]["ipTimeoutSeconds"] = 300
+    kvm = proxy_vm_provider(testbed, image_url, sha256)
     config = kube_stack_config(cluster, namespace="ep-cli-mixed", replicas=1)
     config["providers"].insert(0, kvm)
     config["proxies"].insert(

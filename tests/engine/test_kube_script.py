@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.discovery import wait_for
 from tests.support.kube import ROOT, Api, run_kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
@@ -99,9 +100,11 @@ def test_up_twice_at_once_and_down_restores_the_machine() -> None:
     # A pod, so that down has a sandbox to tear down through the CNI.
     api = Api(Path(printed[0]["kubeconfig"]))
     try:
-        api.wait(
-            "the default service account",
+        wait_for(
             lambda: api.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
+            timeout=120,
+            interval=0.5,
+            what="the default service account",
         )
         pod = {
             "metadata": {"name": "sleeper"},
@@ -117,14 +120,16 @@ def test_up_twice_at_once_and_down_restores_the_machine() -> None:
             },
         }
         api.create("/api/v1/namespaces/default/pods", pod)
-        api.wait(
-            "the pod to run",
+        wait_for(
             lambda: (
                 (api.get("/api/v1/namespaces/default/pods/sleeper") or {})
                 .get("status", {})
                 .get("podIP")
                 is not None
             ),
+            timeout=120,
+            interval=0.5,
+            what="the pod to run",
         )
     finally:
         api.close()

@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import libvirt
 import pytest
-import yaml
 
 from discovery.client import NoProxyAvailable, lease
 from proxyinfra.names import base_volume, proxy_id
@@ -43,6 +42,7 @@ from tests.support.proxyvm import (
     guest_run,
     leftovers,
     pool_volumes,
+    proxy_vm_provider,
     remove,
     self_signed,
     wait_for_squid,
@@ -61,11 +61,7 @@ ELSEWHERE = "https://elsewhere.example/"
 
 
 def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    # With its digest the base is named by content: cached on the host across runs.
-    provider["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 512}}
-    provider["kvm"]["ipTimeoutSeconds"] = 300
+    provider = proxy_vm_provider(testbed, image_url, sha256)
     return {
         "providers": [provider],
         "proxies": [

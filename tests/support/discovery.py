@@ -339,9 +339,16 @@ def api_client(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
+            if what is not None:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
             raise AssertionError(f"condition not met in {timeout} s")
         time.sleep(interval)

@@ -15,8 +15,7 @@ import os
 import ssl
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,13 +88,6 @@ class Api:
         answer = self.http.delete(path)
         if answer.status_code != 404:
             answer.raise_for_status()
-
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(0.5)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 import libvirt
 import libvirt_qemu  # type: ignore[import-untyped]
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -128,6 +129,17 @@ class PageServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=10)
+
+
+def proxy_vm_provider(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
+    """The testbed's kvm provider entry for VMs of the proxy image at
+    `image_url` (machine type `small`, image `proxy`)."""
+    provider: dict[str, Any] = yaml.safe_load(testbed.provider_yaml.read_text())
+    # With its digest the base is named by content: cached on the host across runs.
+    provider["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
+    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 512}}
+    provider["kvm"]["ipTimeoutSeconds"] = 300  # cloud-init under TCG
+    return provider
 
 
 # -- squid at the socket level -----------------------------------------------------------------

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from proxyinfra.plugins import pulumi_home
+
 ROOT = Path(__file__).resolve().parents[2]
 PULUMI = ROOT / ".venv" / "bin" / "pulumi"
 PROJECT = "egress-proxies"
@@ -59,7 +61,7 @@ class CliStack:
             raise AssertionError(f"pulumi stack init {self.stack}: {done.stderr}")
 
     def _link_plugins(self) -> None:
-        shared = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi") / "plugins"
+        shared = pulumi_home() / "plugins"
         own = self.directory / "pulumi-home" / "plugins"
         for name in self.plugins:
             found = sorted(shared.glob(f"resource-{name}-v*[0-9]"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from proxyinfra.plugins import pulumi_home
 from tests.support.programs import (
     NON_DEBIAN,
     ROOT,
@@ -78,7 +79,7 @@ def _kube_built(name: str) -> Path:
     """Where the Kubernetes builds leave NAME (the directory scripts/build-kube
     prints; the plugin as scripts/bootstrap --kubernetes installs it)."""
     if name == "pulumi-resource-kubernetes":
-        home = Path(os.environ.get("PULUMI_HOME") or Path.home() / ".pulumi")
+        home = pulumi_home()
         installed = sorted(home.glob(f"plugins/resource-kubernetes-v*/{name}"))
         return installed[-1] if installed else home / "plugins" / name
     done = subprocess.run(
