@@ -123,22 +123,21 @@ def book_only(
 
     from prometheus_client import CollectorRegistry
 
+    from discovery.book.rules import Terms
     from discovery.fleet import FleetSource
-    from discovery.leases import LeaseBook
     from discovery.metrics import Metrics
     from discovery.selection import Selector
-    from discovery.store import LeaseStore
+    from discovery.sqlite.book import SqliteBook
+    from discovery.sqlite.store import SqliteStore
 
     async def run() -> dict[str, Any]:
-        store = LeaseStore(db)
+        store = SqliteStore(db)
         state = store.open()
-        book = LeaseBook(
+        book = SqliteBook(
             store=store,
             health=_AlwaysHealthy(),
             metrics=Metrics(CollectorRegistry()),
-            max_ttl=300,
-            cooldown=600,
-            probe_interval=10,
+            terms=Terms(max_ttl=300, cooldown=600, probe_interval=10),
         )
         await book.restore(state, FleetSource(path=fleet).load())
         anywhere = Selector()

@@ -2,7 +2,8 @@
 
 Every error answers `{"error": code, "detail": text}`: 400 bad input (a body
 that fails validation included), 401 token, 404 unknown lease or path, 405
-method, 409 nothing eligible (with Retry-After), 413 body too large, 503
+method, 409 nothing eligible (with Retry-After), 413 body too large, 429 too many
+wrong tokens from one address (with Retry-After), 503
 store unavailable.
 
 Starlette rather than FastAPI: on the one core the service is sized for,
@@ -14,13 +15,12 @@ built from those same models (openapi.py).
 
 from __future__ import annotations
 
-import logging
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
 from pydantic_core import to_json
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,16 +29,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from discovery.hotpath import BadInput, HotPath
-from discovery.leases import LeaseBook, LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.book.contract import LeaseBook
+from discovery.book.errors import StoreUnavailable
+from discovery.brake import Brake
+from discovery.hotpath import HotPath
+from discovery.http_errors import HANDLED, error_answer
 from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
 from discovery.openapi import openapi_document
 from discovery.service import Service
 from discovery.ui import Sessions, ui_routes
-
-log = logging.getLogger("discovery.http")
-
-M = TypeVar("M", bound=BaseModel)
 
 _STATUS_CODES = {
     400: "bad_request",
@@ -79,6 +78,10 @@ def create_app(service: Service) -> ASGIApp:
         return json_response({"status": "ready"})
 
     async def metrics(request: Request) -> Response:
+        # The gauges as of now (PostgreSQL: one query), not as of the last sweep;
+        # a store that cannot answer leaves them as they were.
+        with contextlib.suppress(StoreUnavailable):
+            await book().refresh_snapshot()
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
     document = to_json(openapi_document(bearer=bool(service.settings.token)))
@@ -88,29 +91,14 @@ def create_app(service: Service) -> ASGIApp:
 
     # -- errors --------------------------------------------------------------------------
 
-    async def bad_input(request: Request, exc: Exception) -> Response:
-        return error(400, "bad_request", str(exc))
-
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = _STATUS_CODES.get(exc.status_code, "error")
         return error(exc.status_code, code, exc.detail, exc.headers)
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return error(404, "lease_not_found", "no such lease, or it has ended")
-
-    async def conflict(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, NoProxyAvailable)
-        return error(
-            409, "no_proxy_available", exc.detail, headers={"Retry-After": str(exc.retry_after)}
-        )
-
-    async def unavailable(request: Request, exc: Exception) -> Response:
-        return error(503, "store_unavailable", str(exc), headers={"Retry-After": "1"})
-
-    async def internal(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error", exc_info=exc)
-        return error(500, "internal_error", "internal error; see the service's log")
+    async def book_error(request: Request, exc: Exception) -> Response:
+        answer = error_answer(exc)  # the hot path's table too
+        return error(answer.status, answer.code, answer.detail, answer.headers)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -124,9 +112,10 @@ def create_app(service: Service) -> ASGIApp:
         return await book().proxies_json(detail=True)
 
     # The status page (ui.py): its own login, a cookie that only it accepts.
+    brake = Brake()  # one count of wrong tokens per address: API header, page header, login form
     page = ui_routes(
         detailed,
-        Sessions(service.settings.token),
+        Sessions(service.settings.token, brake=brake),
         grants_last_minute=service.metrics.recent_grants.total,
     )
     app = Starlette(
@@ -138,17 +127,14 @@ def create_app(service: Service) -> ASGIApp:
             *page,
         ],
         exception_handlers={
-            BadInput: bad_input,
             HTTPException: http_error,
-            LeaseNotFound: not_found,
-            NoProxyAvailable: conflict,
-            StoreUnavailable: unavailable,
-            Exception: internal,
+            **dict.fromkeys(HANDLED, book_error),
+            Exception: book_error,
         },
         lifespan=lifespan,
     )
     # The lease routes and /healthz are answered by HotPath (hotpath.py) before Starlette.
     return RequestMetrics(
-        BearerAuth(BodyLimit(HotPath(app, book)), service.settings.token),
+        BearerAuth(BodyLimit(HotPath(app, book)), service.settings.token, brake=brake),
         service.metrics.request_seconds,
     )

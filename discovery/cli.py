@@ -22,18 +22,21 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from discovery import logs
+from discovery.book.errors import StoreError
 from discovery.database import Database, DatabaseError, parse_database
 from discovery.fleet import FleetError
 from discovery.logs import event
 from discovery.settings import DEFAULT_PROBE_TARGET, Settings, is_loopback, split_host_port
-from discovery.store import StoreError
 
 if TYPE_CHECKING:
-    from discovery.service import AnyService
+    from discovery.service import Service
 
 log = logging.getLogger("discovery")
 
 TOKEN_ENV = "DISCOVERY_TOKEN"
+# Guessing is braked per client address (discovery/brake.py), not across
+# addresses; a token this long is out of reach of any guessing rate.
+MIN_TOKEN_LENGTH = 16
 STACK_REFRESH_ENV = "DISCOVERY_STACK_REFRESH_SECONDS"
 GRACEFUL_SHUTDOWN_S = 10
 
@@ -74,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "serve",
         help="run the lease service",
         description="Run the discovery service: health-probe the fleet and lease proxies to crawlers. "
-        f"Bearer token from ${TOKEN_ENV}.",
+        f"Bearer token from ${TOKEN_ENV} (at least {MIN_TOKEN_LENGTH} characters).",
     )
     source = serve.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -134,6 +137,12 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
     """Settings from parsed arguments and the environment; ValueError on a refusal."""
     token = environ.get(TOKEN_ENV) or None
+    if token is not None and len(token) < MIN_TOKEN_LENGTH:
+        # The message names the variable and the rule, never the value.
+        raise ValueError(
+            f"{TOKEN_ENV} is shorter than {MIN_TOKEN_LENGTH} characters: set a longer random "
+            "token (e.g. `openssl rand -hex 32`)"
+        )
     host, port = args.listen
     if token is None and not is_loopback(host) and not args.allow_remote_without_token:
         raise ValueError(
@@ -185,7 +194,7 @@ def serve(settings: Settings) -> int:
     return run_server(service)
 
 
-def run_server(service: AnyService) -> int:
+def run_server(service: Service) -> int:
     """Serves the API of an opened service with uvicorn (one worker) until SIGTERM or SIGINT."""
     import uvicorn  # imported here: `--help` and argument errors stay fast
 

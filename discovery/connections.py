@@ -27,7 +27,11 @@ few lines on the protocol's own callbacks:
   (uvicorn's keep-alive timeout still closes a connection idle between
   requests after KEEP_ALIVE seconds);
 - a head size limit: a head over MAX_HEAD_BYTES gets 431 and the connection
-  is closed (httptools accepts heads of any size);
+  is closed (httptools accepts heads of any size). It holds for the whole
+  head, whether it comes in one read or many: the request line and headers
+  are counted as the parser hands them over (a complete head, in any number
+  of reads), and the bytes of a head still incomplete after a read are
+  counted too (httptools keeps a header to itself until it is complete);
 - at a graceful stop, connections whose request has not fully arrived are
   closed at once (their handler sees a disconnect). Waiting for them would
   hold the stop until uvicorn's graceful timeout and then cancel their
@@ -183,6 +187,8 @@ _OVERLOADED = _answer(
     "too many connections busy; try again",
     b"retry-after: 1\r\n",
 )
+# "GET " and " HTTP/1.1\r\n" around the URL; the blank line that ends the head.
+_REQUEST_LINE_BYTES = len(b"GET  HTTP/1.1\r\n\r\n")
 _HEAD_TOO_LARGE = _answer(
     b"431 Request Header Fields Too Large",
     "bad_request",
@@ -196,8 +202,10 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     class GuardedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None  # armed while waiting for a request
         _refused = False
+        _rejected = False  # answered 431: what else arrives is ignored
         _in_head = True
-        _head_bytes = 0
+        _head_bytes = 0  # bytes read while this head was incomplete
+        _head_parsed = 0  # the request line's and headers' bytes the parser handed over
         _heads = 0  # heads completed on this connection
 
         def connection_made(  # type: ignore[override]  # as uvicorn's
@@ -220,32 +228,69 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._refused or self.transport.is_closing():
+            if self._refused or self._rejected or self.transport.is_closing():
                 return
             in_head, heads = self._in_head, self._heads
             super().data_received(data)
-            if in_head and self._in_head and heads == self._heads:
+            if in_head and self._in_head and heads == self._heads and not self._rejected:
                 # The whole chunk belongs to a head that is still incomplete.
                 self._head_bytes += len(data)
-                if self._head_bytes > guard.max_head_bytes and not self.transport.is_closing():
-                    guard.head_too_large.inc()
-                    self.transport.write(_HEAD_TOO_LARGE)
-                    self.transport.close()
+                if self._head_bytes > guard.max_head_bytes:
+                    self._reject_head()
+
+        # Every parser callback is ignored once the head is refused: the rest
+        # of the read is parsed still, but no request of it reaches the app.
 
         def on_message_begin(self) -> None:
+            if self._rejected:
+                return
             super().on_message_begin()
+            self._head_parsed = _REQUEST_LINE_BYTES
             self._arm()
 
+        def on_url(self, url: bytes) -> None:
+            if not self._rejected and self._count(len(url)):
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            # name: value CRLF
+            if not self._rejected and self._count(len(name) + len(value) + 4):
+                super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
+            if self._rejected:
+                return
             self._in_head = False
             self._heads += 1
             self._head_bytes = 0
             super().on_headers_complete()
 
+        def on_body(self, body: bytes) -> None:
+            if not self._rejected:
+                super().on_body(body)
+
         def on_message_complete(self) -> None:
+            if self._rejected:
+                return
             super().on_message_complete()
             self._disarm()
             self._in_head = True  # what comes next is the next request's head
+
+        def _count(self, size: int) -> bool:
+            """Adds `size` bytes to the head; False (and 431) past the limit."""
+            self._head_parsed += size
+            if self._head_parsed > guard.max_head_bytes:
+                self._reject_head()
+                return False
+            return True
+
+        def _reject_head(self) -> None:
+            self._rejected = True
+            self._disarm()
+            if not self.transport.is_closing():
+                guard.head_too_large.inc()
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

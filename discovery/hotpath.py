@@ -14,13 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from discovery.leases import LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.book.contract import LeaseBook
+from discovery.book.views import lease_json
+from discovery.http_errors import BadInput, error_answer
 from discovery.schemas import LeaseRequest, RenewRequest, ReportRequest
 from discovery.selection import Selector
 from discovery.targets import host_of
@@ -31,10 +33,6 @@ M = TypeVar("M", bound=BaseModel)
 LEASES = "/v1/leases"
 _JSON = (b"content-type", b"application/json")
 _NO_SELECTOR = Selector()
-
-
-class BadInput(Exception):
-    pass
 
 
 class _WrongMethod(Exception):
@@ -90,12 +88,6 @@ def host(target: str | None) -> str | None:
         raise BadInput(str(exc)) from None
 
 
-def error_answer(
-    status: int, code: str, detail: str, headers: list[tuple[bytes, bytes]] | None = None
-) -> Answer:
-    return status, to_json({"error": code, "detail": detail}), headers or []
-
-
 def match(path: str) -> tuple[Template | None, str]:
     """The route template of a hot path and its lease id ('' for none)."""
     if path == LEASES:
@@ -121,7 +113,7 @@ class HotPath:
     """ASGI: the hot routes answered here, the rest passed to `app`.
     `book` is called per request (the book exists once the service started)."""
 
-    def __init__(self, app: ASGIApp, book: Callable[[], Any]) -> None:
+    def __init__(self, app: ASGIApp, book: Callable[[], LeaseBook]) -> None:
         self.app = app
         self._book = book
         self._handlers: dict[Template, Callable[[str, bytes], Awaitable[Answer]]] = {
@@ -148,31 +140,12 @@ class HotPath:
             body = await _body(receive) if scope["method"] == "POST" else b""
             status, content, headers = await self._handlers[route](lease_id, body)
         except _WrongMethod as exc:
-            status, content, headers = error_answer(
-                405, "method_not_allowed", "Method Not Allowed", [(b"allow", exc.allow.encode())]
-            )
-        except BadInput as exc:
-            status, content, headers = error_answer(400, "bad_request", str(exc))
-        except LeaseNotFound:
-            status, content, headers = error_answer(
-                404, "lease_not_found", "no such lease, or it has ended"
-            )
-        except NoProxyAvailable as exc:
-            status, content, headers = error_answer(
-                409,
-                "no_proxy_available",
-                exc.detail,
-                [(b"retry-after", str(exc.retry_after).encode())],
-            )
-        except StoreUnavailable as exc:
-            status, content, headers = error_answer(
-                503, "store_unavailable", str(exc), [(b"retry-after", b"1")]
-            )
+            status, content = 405, _error_body("method_not_allowed", "Method Not Allowed")
+            headers = [(b"allow", exc.allow.encode())]
         except Exception as exc:
-            log.error("unhandled error", exc_info=exc)
-            status, content, headers = error_answer(
-                500, "internal_error", "internal error; see the service's log"
-            )
+            answer = error_answer(exc)
+            status, content = answer.status, _error_body(answer.code, answer.detail)
+            headers = [(k.lower().encode(), v.encode()) for k, v in answer.headers.items()]
         head = headers
         if status != 204:  # a 204 has neither body nor length (RFC 9110)
             head = [_JSON, (b"content-length", str(len(content)).encode()), *headers]
@@ -189,13 +162,12 @@ class HotPath:
         lease = await book.grant(
             request.holder, ttl=request.ttl_seconds, selector=selector, host=host(request.target)
         )
-        return 201, to_json(book.lease_json(lease)), []
+        return 201, to_json(lease_json(lease)), []
 
     async def _renew(self, lease_id: str, body: bytes) -> Answer:
         request = parse(body, RenewRequest, optional=True)
-        book = self._book()
-        lease = await book.renew(lease_id, ttl=request.ttl_seconds)
-        return 200, to_json(book.lease_json(lease)), []
+        lease = await self._book().renew(lease_id, ttl=request.ttl_seconds)
+        return 200, to_json(lease_json(lease)), []
 
     async def _report(self, lease_id: str, body: bytes) -> Answer:
         request = parse(body, ReportRequest)
@@ -210,6 +182,10 @@ class HotPath:
         return 200, b'{"status":"ok"}', []
 
 
+def _error_body(code: str, detail: str) -> bytes:
+    return to_json({"error": code, "detail": detail})
+
+
 async def _body(receive: Receive) -> bytes:
     """The whole request body (BodyLimit has bounded and buffered it)."""
     chunks = []
@@ -222,4 +198,4 @@ async def _body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-__all__ = ["BadInput", "HotPath", "describe", "host", "match", "parse"]
+__all__ = ["HotPath", "describe", "host", "match", "parse"]

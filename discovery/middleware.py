@@ -1,4 +1,5 @@
-"""ASGI layers around the API: request metrics, bearer auth, body size limit.
+"""ASGI layers around the API: request metrics, bearer auth (braked against
+guessing, discovery/brake.py), body size limit.
 
 Plain ASGI rather than Starlette's BaseHTTPMiddleware: these run on every
 request, and BaseHTTPMiddleware's extra task and stream per request cost
@@ -17,6 +18,7 @@ from typing import Any
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from discovery.brake import Brake, client_key, scope_address
 from discovery.logs import event
 
 log = logging.getLogger("discovery.http")
@@ -106,36 +108,54 @@ def bearer_matches(authorization: bytes, digest: bytes) -> bool:
     return scheme.lower() == b"bearer" and token_matches(credentials.strip(), digest)
 
 
-class BearerAuth:
-    """`Authorization: Bearer <token>` on /v1/* when a token is configured."""
+_CHALLENGE = [(b"www-authenticate", b'Bearer realm="discovery"')]
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+
+def too_many_wrong_tokens(address: str | None, retry_after: int) -> str:
+    """The 429's detail: names the address (or /64) that is braked."""
+    return (
+        f"too many wrong tokens from {client_key(address)}: no token is checked for {retry_after} s"
+    )
+
+
+class BearerAuth:
+    """`Authorization: Bearer <token>` on /v1/* when a token is configured.
+    Wrong tokens are braked per client address (`brake`; share one with the
+    status page's Sessions so that both count against the same address)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, brake: Brake | None = None) -> None:
         self.app = app
         self._digest = token_digest(token) if token else None
+        self.brake = brake if brake is not None else Brake()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             self._digest is not None
             and scope["type"] == "http"
             and (scope["path"] == "/v1" or scope["path"].startswith("/v1/"))
-            and not self._authorized(scope)
         ):
-            await send_error(
-                send,
-                401,
-                "unauthorized",
-                "missing or wrong bearer token",
-                [(b"www-authenticate", b'Bearer realm="discovery"')],
-            )
-            return
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await send_error(send, *refusal)
+                return
         await self.app(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _refusal(self, scope: Scope) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
+        """None when the token is right; else the error to answer (401 or 429)."""
         assert self._digest is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return bearer_matches(value, self._digest)
-        return False
+        header = next((v for n, v in scope["headers"] if n == b"authorization"), None)
+        if header is not None:
+            address = scope_address(scope)
+            wait = self.brake.retry_after(address)
+            if wait:
+                detail = too_many_wrong_tokens(address, wait)
+                return 429, "too_many_requests", detail, [(b"retry-after", b"%d" % wait)]
+            if bearer_matches(header, self._digest):
+                self.brake.succeeded(address)
+                return None
+            self.brake.failed(address, "bearer")
+        # No header is no guess: it is not counted.
+        return 401, "unauthorized", "missing or wrong bearer token", _CHALLENGE
 
 
 class BodyLimit:

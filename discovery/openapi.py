@@ -19,7 +19,7 @@ from discovery.schemas import (
     ReportRequest,
     StatusAnswer,
 )
-from discovery.status import DEFAULT_LIMIT, MAX_LIMIT, STATES
+from discovery.status import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, STATES
 
 _REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -44,10 +44,22 @@ _LEASE_ID = {
     "schema": {"type": "string"},
     "description": "the `id` of a lease answer",
 }
+_BRAKED = _error(
+    "too many wrong tokens from this client's address: no token from it is checked "
+    "until Retry-After has passed",
+    headers={
+        "Retry-After": {
+            "description": "seconds until a token from this address is checked again",
+            "required": True,
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
+)
 _COMMON_ERRORS = {
     "400": _error("bad input: the body fails validation (wrong types, unknown fields, ...)"),
     "401": _error("missing or wrong bearer token (only when the service has one)"),
     "413": _error("request body larger than 64 KiB"),
+    "429": _BRAKED,
     "503": _error("the lease store could not record the change; nothing was changed"),
 }
 _NOT_FOUND = {"404": _error("no such lease, or it has ended (released, expired, revoked)")}
@@ -128,6 +140,7 @@ def _operations() -> dict[str, dict[str, Any]]:
                 "responses": {
                     "200": _json(ProxiesAnswer, "every proxy of the fleet, in manifest order"),
                     "401": _COMMON_ERRORS["401"],
+                    "429": _BRAKED,
                 },
             }
         },
@@ -148,7 +161,11 @@ def _operations() -> dict[str, dict[str, Any]]:
                     ),
                     _query("state", {"enum": list(STATES)}, "only those in this state"),
                     _query("name", {"type": "string"}, "only those whose name contains this"),
-                    _query("offset", {"type": "integer", "minimum": 0}, "default 0"),
+                    _query(
+                        "offset",
+                        {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET},
+                        "default 0",
+                    ),
                     _query(
                         "limit",
                         {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
@@ -159,6 +176,7 @@ def _operations() -> dict[str, dict[str, Any]]:
                     "200": _json(FleetStatus, "totals, filter values and the page of proxies"),
                     "400": _error("a query parameter out of range"),
                     "401": _error("no session cookie and no bearer token (when one is set)"),
+                    "429": _BRAKED,
                 },
             }
         },

@@ -8,7 +8,8 @@ number of seconds), and unknown fields are errors, so a misspelled
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -18,7 +19,13 @@ from discovery.targets import problem as target_problem
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
 
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, description="seconds, > 0")]
+MIN_TTL_S = 1.0
+# A lease of less than a second is over before its answer arrives (1e-9 on a
+# grant, 1e-300 on a renew): refused, not granted already expired.
+TtlSeconds = Annotated[
+    float,
+    Field(ge=MIN_TTL_S, allow_inf_nan=False, description=f"seconds, at least {MIN_TTL_S:g}"),
+]
 
 
 def _target(value: str) -> str:
@@ -42,26 +49,52 @@ Target = Annotated[
     ),
     AfterValidator(_target),
 ]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a holder and a selector's fields may hold: no control characters (a
+# NUL cannot even be stored by PostgreSQL; the others only make ids that no
+# log or page shows right).
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+
+
+def _printable(value: str) -> str:
+    if _CONTROL.search(value):
+        raise PydanticCustomError("printable", "control characters (NUL, tab, ...) are not allowed")
+    return value
+
+
+def _text(max_length: int, min_length: int = 0, description: str | None = None) -> Any:
+    return Field(
+        min_length=min_length,
+        max_length=max_length,
+        description=description,
+        json_schema_extra={"pattern": PRINTABLE_PATTERN},
+    )
+
+
+Name = Annotated[str, _text(256, 1), AfterValidator(_printable)]
+LabelValue = Annotated[str, _text(256), AfterValidator(_printable)]
 
 
 class Selector(BaseModel):
     model_config = _STRICT
     provider: Name | None = None
     zone: Name | None = None
-    labels: dict[Name, Annotated[str, Field(max_length=256)]] = Field(
-        default_factory=dict, max_length=64
-    )
+    labels: dict[Name, LabelValue] = Field(default_factory=dict, max_length=64)
 
 
 class LeaseRequest(BaseModel):
     model_config = _STRICT
     holder: Annotated[
-        str, Field(min_length=1, max_length=256, description="who holds the lease (a crawler id)")
+        str,
+        _text(256, 1, "who holds the lease (a crawler id)"),
+        AfterValidator(_printable),
     ]
     ttl_seconds: Annotated[
-        Seconds | None,
-        Field(alias="ttlSeconds", description="defaults to, and is capped by, --max-lease-ttl"),
+        TtlSeconds | None,
+        Field(
+            alias="ttlSeconds",
+            description="at least 1; defaults to, and is capped by, --max-lease-ttl",
+        ),
     ] = None
     selector: Selector | None = None
     target: Target | None = None
@@ -70,9 +103,10 @@ class LeaseRequest(BaseModel):
 class RenewRequest(BaseModel):
     model_config = _STRICT
     ttl_seconds: Annotated[
-        Seconds | None,
+        TtlSeconds | None,
         Field(
-            alias="ttlSeconds", description="defaults to the lease's TTL; capped by --max-lease-ttl"
+            alias="ttlSeconds",
+            description="at least 1; defaults to the lease's TTL; capped by --max-lease-ttl",
         ),
     ] = None
 

@@ -1,6 +1,7 @@
-"""The running service: store, fleet source, health engine and lease book
-wired together, with the background work that keeps them current (lease
-expiry, fleet reloads, pruning).
+"""The running service: a store's backend (discovery/sqlite or discovery/
+postgres), the fleet source, the health engine and the lease book wired
+together, with the background work that keeps them current (lease expiry,
+fleet reloads, maintenance, and the store's own loops).
 
 `open()` runs before the HTTP server starts, so a locked or unreadable store
 or a fleet that cannot be read stops the service with a clear error instead
@@ -17,30 +18,24 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from discovery.book.contract import LeaseBook, StoreBackend
+from discovery.book.errors import StoreUnavailable
+from discovery.book.rules import Terms
 from discovery.database import PostgresUrl
 from discovery.fleet import Fleet, FleetError, FleetSource
 from discovery.health_source import HealthFactory, HealthSource
-from discovery.leases import LeaseBook, StoreUnavailable
 from discovery.logs import event
 from discovery.metrics import Metrics
-from discovery.pgstore import PgStore
 from discovery.settings import Settings
-from discovery.shared import Leadership, SharedLeaseBook
-from discovery.store import REPORTS_KEPT, LeaseStore, Prune, StoredState, StoreError, Touch
 from health.model import Health, HealthListener
 
 log = logging.getLogger("discovery")
 
-REPORT_RETENTION_S = 7 * 24 * 3600.0
 MAINTENANCE_INTERVAL_S = 30.0
-_EXPIRY_TICK_S = 0.25  # longest a lease outlives its expiry before it is swept
-SHARED_SWEEP_S = 1.0  # PostgreSQL: grants ignore expired leases; this only tidies up
-STORE_PROBE_S = 1.0  # SQLite: how often a store that failed is tried with a write of its own
 
 
 def engine_factory(settings: Settings) -> HealthFactory:
@@ -60,6 +55,19 @@ def engine_factory(settings: Settings) -> HealthFactory:
     return build
 
 
+def make_backend(settings: Settings, clock: Callable[[], float] = time.time) -> StoreBackend:
+    """The store `--db` names: an SQLite file (one service), or PostgreSQL
+    shared by replicas (its own clock: the database's)."""
+    terms = Terms(settings.max_lease_ttl, settings.lease_cooldown, settings.probe_interval)
+    if isinstance(settings.db, PostgresUrl):
+        from discovery.postgres.backend import PostgresBackend
+
+        return PostgresBackend(settings.db, terms)
+    from discovery.sqlite.backend import SqliteBackend
+
+    return SqliteBackend(settings.db, terms, clock)
+
+
 class _LoopListener:
     """Hands health changes to the lease book on the event loop's thread,
     whichever thread the engine reports from."""
@@ -72,7 +80,7 @@ class _LoopListener:
     def on_health_change(self, name: str, health: Health) -> None:
         book = self.book
         if book is None:
-            return  # before the book exists; restore() fills the pool from scratch
+            return  # before the book exists; its start fills the pool from scratch
         if threading.get_ident() == self._thread:
             book.on_health_change(name, health)
         else:
@@ -84,26 +92,13 @@ class Service:
         self,
         settings: Settings,
         *,
+        backend: StoreBackend | None = None,
         health_factory: HealthFactory | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._wire(settings, health_factory, registry, clock)
-        assert isinstance(settings.db, Path), "an SQLite file (make_service picks)"
-        self.store = LeaseStore(settings.db)
-        self.store.on_commit = self.metrics.on_commit
-        self._state: StoredState | None = None
-        self._book: LeaseBook | None = None
-
-    def _wire(
-        self,
-        settings: Settings,
-        health_factory: HealthFactory | None,
-        registry: CollectorRegistry | None,
-        clock: Callable[[], float],
-    ) -> None:
-        """What every service has, whatever its store."""
         self.settings = settings
+        self.backend = backend if backend is not None else make_backend(settings, clock)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
@@ -111,6 +106,7 @@ class Service:
         self._clock = clock
         self._fleet: Fleet | None = None
         self._health: HealthSource | None = None
+        self._book: LeaseBook | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._reload = asyncio.Event()
         self._sighup = False
@@ -135,25 +131,22 @@ class Service:
         again; the last good fleet is served meanwhile)."""
         if not self.ready:
             return "not_ready", "the service is starting or stopping"
-        failure = self.store_failure()
+        failure = self.backend.failure()
         if failure is not None:
             return "store_unavailable", f"the lease store cannot write: {failure}"
         if self.fleet_error is not None:
             return "fleet_unreadable", f"serving the last good fleet: {self.fleet_error}"
         return None
 
-    def store_failure(self) -> str | None:
-        return self.store.failure
-
     # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> None:
         """Opens the store and reads the fleet; raises StoreError or FleetError."""
-        self._state = self.store.open()
+        self.backend.open()
         try:
             self._fleet = self.source.load()
         except FleetError:
-            self.store.close()
+            self.backend.close()
             raise
         self.metrics.fleet_loads.labels("changed").inc()
         event(
@@ -164,59 +157,36 @@ class Service:
             project=self._fleet.project,
             stack=self._fleet.stack,
             proxies=len(self._fleet.proxies),
+            store=self.backend.describe(),
         )
 
     async def start(self) -> None:
-        if self._state is None or self._fleet is None:
+        if self._fleet is None:
             self.open()
-        assert self._state is not None and self._fleet is not None
+        assert self._fleet is not None
         loop = asyncio.get_running_loop()
         listener = _LoopListener(loop)
         self._health = self._health_factory(listener, self.registry)
-        self._book = LeaseBook(
-            store=self.store,
-            health=self._health,
-            metrics=self.metrics,
-            max_ttl=self.settings.max_lease_ttl,
-            cooldown=self.settings.lease_cooldown,
-            probe_interval=self.settings.probe_interval,
-            clock=self._clock,
-        )
+        self._book = await self.backend.start(self._fleet, self._health, self.metrics)
         listener.book = self._book
-        await self._book.restore(self._state, self._fleet)
-        self._state = None  # the book owns it now
         self.metrics.watch_state(self._book.snapshot)
-        await self._health.start()
-        self._tasks = [
-            loop.create_task(self._run("expiry", self._expiry_loop)),
-            loop.create_task(self._run("fleet", self._fleet_loop)),
-            loop.create_task(self._run("maintenance", self._maintenance_loop)),
-            loop.create_task(self._run("store probe", self._store_probe_loop)),
-        ]
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "expiry": self._expiry_loop,
+            "fleet": self._fleet_loop,
+            "maintenance": self._maintenance_loop,
+            **self.backend.loops(),
+        }
+        self._tasks = [loop.create_task(self._run(name, fn)) for name, fn in loops.items()]
         self._listen_for_sighup(loop)
         self._settle()
         self.ready = True
-        event(log, logging.INFO, "service started")
+        event(log, logging.INFO, "service started", store=self.backend.describe().split()[0])
 
     def close(self) -> None:
         """Frees the store if stop() did not run (a failed start)."""
-        self.store.close()
+        self.backend.close()
 
     async def stop(self) -> None:
-        await self._stop_background()
-        # close() waits for the writer thread to commit what is queued.
-        await asyncio.to_thread(self.store.close)
-        event(log, logging.INFO, "service stopped")
-
-    def _listen_for_sighup(self, loop: asyncio.AbstractEventLoop) -> None:
-        if threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-                self._sighup = True
-
-    async def _stop_background(self) -> None:
-        """Not ready, no SIGHUP, the loops cancelled, the health engine stopped:
-        what every service does before closing its store."""
         self.ready = False
         if self._sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
@@ -227,6 +197,14 @@ class Service:
         self._tasks = []
         if self._health is not None:
             await self._health.stop()
+        await self.backend.stop()
+        event(log, logging.INFO, "service stopped")
+
+    def _listen_for_sighup(self, loop: asyncio.AbstractEventLoop) -> None:
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+                self._sighup = True
 
     def _settle(self) -> None:
         if self.settle_heap is not None:
@@ -255,12 +233,19 @@ class Service:
                 await asyncio.sleep(1.0)
 
     async def _expiry_loop(self) -> None:
-        book = self.book
+        book, tick = self.book, self.backend.expiry_tick
         while True:
             due = book.next_expiry()
-            delay = _EXPIRY_TICK_S if due is None else due - self._clock()
-            await asyncio.sleep(min(max(delay, 0.01), _EXPIRY_TICK_S))
-            await book.expire_due()
+            delay = tick if due is None else due - self._clock()
+            await asyncio.sleep(min(max(delay, 0.01), tick))
+            with contextlib.suppress(StoreUnavailable):  # logged; the next tick tries again
+                await book.expire_due()
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+            with contextlib.suppress(StoreUnavailable):  # logged; the next round does more
+                await self.book.maintain()
 
     async def _fleet_loop(self) -> None:
         period = (
@@ -299,8 +284,8 @@ class Service:
         try:
             change = await self.book.apply_fleet(fleet)
         except StoreUnavailable:
-            # PostgreSQL: the shared store could not take it (logged); the next
-            # poll tries again, with the newest fleet then.
+            # The store could not take it (logged); the next poll tries again,
+            # with the newest fleet then.
             self._fleet_retry = True
             return
         self._fleet_retry = False
@@ -318,136 +303,10 @@ class Service:
             proxies=len(fleet.proxies),
         )
 
-    async def _maintenance_loop(self) -> None:
-        book = self.book
-        while True:
-            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
-            now = self._clock()
-            await book.prune_cooldowns()
-            await book.repair_pool()
-            # A failure is logged by the store; the next round prunes more.
-            with contextlib.suppress(StoreError):
-                await self.store.write((Prune(now, now - REPORT_RETENTION_S, REPORTS_KEPT),))
 
-    async def _store_probe_loop(self) -> None:
-        """While the store fails, tries it with a write that changes nothing:
-        readiness must come back once it can write, with or without traffic."""
-        while True:
-            await asyncio.sleep(STORE_PROBE_S)
-            if self.store.failure is not None:
-                with contextlib.suppress(StoreError):
-                    await self.store.write((Touch(),))
-
-
-class SharedService(Service):
-    """A replica on a shared PostgreSQL store (discovery/shared.py): the
-    database holds leases, cooldowns and health; one replica probes."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        health_factory: HealthFactory | None = None,
-        registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        assert isinstance(settings.db, PostgresUrl)
-        self._wire(settings, health_factory, registry, clock)
-        self.pg = PgStore(settings.db)
-        self._shared: SharedLeaseBook | None = None
-        self._leadership: Leadership | None = None
-
-    @property
-    def book(self) -> SharedLeaseBook:  # type: ignore[override]
-        if self._shared is None:
-            raise RuntimeError("the service has not started")
-        return self._shared
-
-    @property
-    def leading(self) -> bool:
-        return self._leadership is not None and self._leadership.leading
-
-    def store_failure(self) -> str | None:
-        return self.pg.failure
-
-    def open(self) -> None:
-        """Migrates the database and reads the fleet; raises StoreError or FleetError."""
-        self.pg.migrate()
-        self._fleet = self.source.load()
-        self.metrics.fleet_loads.labels("changed").inc()
-        event(
-            log,
-            logging.INFO,
-            "fleet loaded",
-            source=self.source.describe(),
-            project=self._fleet.project,
-            stack=self._fleet.stack,
-            proxies=len(self._fleet.proxies),
-            store=self.pg.database.shown,
-        )
-
-    async def start(self) -> None:
-        if self._fleet is None:
-            self.open()
-        assert self._fleet is not None
-        loop = asyncio.get_running_loop()
-        await self.pg.open()
-        # Health reaches the book through the database, not through a listener.
-        self._health = self._health_factory(_LoopListener(loop), self.registry)
-        self._shared = SharedLeaseBook(
-            store=self.pg,
-            health=self._health,
-            metrics=self.metrics,
-            max_ttl=self.settings.max_lease_ttl,
-            cooldown=self.settings.lease_cooldown,
-            probe_interval=self.settings.probe_interval,
-        )
-        await self._shared.restore(self._fleet)
-        self.metrics.watch_state(self._shared.snapshot)
-        self._leadership = Leadership(
-            self.pg, self._health, probe_interval=self.settings.probe_interval
-        )
-        self._tasks = [
-            loop.create_task(self._run("leadership", self._leadership.run)),
-            loop.create_task(self._run("expiry", self._shared_expiry_loop)),
-            loop.create_task(self._run("fleet", self._fleet_loop)),
-            loop.create_task(self._run("maintenance", self._shared_maintenance_loop)),
-        ]
-        self._listen_for_sighup(loop)
-        self._settle()
-        self.ready = True
-        event(log, logging.INFO, "service started", store="postgresql")
-
-    def close(self) -> None:
-        """Nothing to free: the pool closes in stop()."""
-
-    async def stop(self) -> None:
-        await self._stop_background()
-        await self.pg.close()
-        event(log, logging.INFO, "service stopped")
-
-    async def _shared_expiry_loop(self) -> None:
-        book = self.book
-        while True:
-            await asyncio.sleep(SHARED_SWEEP_S)
-            with contextlib.suppress(StoreUnavailable):
-                await book.expire_due()
-                await book.refresh_snapshot()
-
-    async def _shared_maintenance_loop(self) -> None:
-        book = self.book
-        while True:
-            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
-            with contextlib.suppress(StoreUnavailable):
-                await book.register_fleet()
-                await self.pg.prune(REPORT_RETENTION_S, REPORTS_KEPT)
-
-
-AnyService = Service | SharedService
-
-
-def make_service(settings: Settings, **options: Any) -> AnyService:
+def make_service(settings: Settings, **options: Any) -> Service:
     """The service for `--db`: one process on SQLite, or a replica on PostgreSQL."""
-    if isinstance(settings.db, PostgresUrl):
-        return SharedService(settings, **options)
     return Service(settings, **options)
+
+
+__all__ = ["MAINTENANCE_INTERVAL_S", "Service", "engine_factory", "make_backend", "make_service"]

@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from discovery.leases import rfc3339
+from discovery.book.views import rfc3339
 
 STATES = ("healthy", "unhealthy", "unknown", "leased", "free", "cooling")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
+MAX_OFFSET = 1_000_000_000  # far past any fleet; bounds the digits int() reads
 PARAMETERS = ("provider", "zone", "label", "state", "name", "offset", "limit")
 MAX_FACET_VALUES = 500  # per filter: a fleet with more distinct labels lists the first ones
 
@@ -58,7 +59,7 @@ class StatusQuery:
             label=label,
             state=state,
             name=params.get("name"),
-            offset=_integer(params, "offset", 0, 0, None),
+            offset=_integer(params, "offset", 0, 0, MAX_OFFSET),
             limit=_integer(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
         )
 
@@ -74,16 +75,24 @@ class StatusQuery:
         return self.state is None or self.state in states_of(proxy)
 
 
-def _integer(params: Mapping[str, str], key: str, default: int, low: int, high: int | None) -> int:
+def _integer(params: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     raw = params.get(key)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()):
-        raise BadQuery(f"{key}: want a whole number")
+    # ASCII digits only (str.isdigit takes "²", which int() refuses), and no
+    # more of them than `high` has: int() of a long string is slow, and
+    # refused past 4,300 digits.
+    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > len(str(high)):
+        raise BadQuery(f"{key}: {_shown(raw)} is not a whole number from {low} to {high}")
     value = int(raw)
-    if value < low or (high is not None and value > high):
-        raise BadQuery(f"{key}: want {low} to {high}" if high else f"{key}: want {low} or more")
+    if not low <= value <= high:
+        raise BadQuery(f"{key}: {value} is not a whole number from {low} to {high}")
     return value
+
+
+def _shown(raw: str, limit: int = 24) -> str:
+    """A client's value in an error: quoted, and cut short."""
+    return repr(raw if len(raw) <= limit else raw[:limit] + "...")
 
 
 def states_of(proxy: Mapping[str, Any]) -> tuple[str, ...]:

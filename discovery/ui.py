@@ -6,21 +6,27 @@ The page is hand-written HTML, CSS and JavaScript shipped in the package
 
 Access. With a token configured, the page asks for it once (a login form,
 POSTed, never in a URL) and answers with a session cookie: HttpOnly,
-SameSite=Strict, scoped to Path=/ui, holding an expiry and an HMAC of it keyed
-by the token (not the token itself; it ends when the token changes). The
-cookie is accepted only by the page and its read-only data endpoint: the
-browser never sends it to /v1/*, and BearerAuth reads no cookie, so a page
-of another site cannot make a logged-in browser grant, report or release a
-lease (CSRF). `/ui/api/status` also takes the API's bearer header. Without a
-token (a service on loopback) the page needs no login.
+SameSite=Strict, scoped to Path=/ui, holding an expiry, a random nonce and an
+HMAC of both keyed by the token (not the token itself; it ends when the token
+changes). The cookie is accepted only by the page and its read-only data
+endpoint: the browser never sends it to /v1/*, and BearerAuth reads no
+cookie, so a page of another site cannot make a logged-in browser grant,
+report or release a lease (CSRF). `/ui/api/status` also takes the API's
+bearer header. Without a token (a service on loopback) the page needs no
+login. Wrong tokens, in the form or the header, are braked per client
+address (discovery/brake.py). Logging out revokes the cookie in this
+process's memory until it would have expired.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
@@ -30,13 +36,22 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from discovery.middleware import bearer_matches, token_digest, token_matches
+from discovery.brake import Brake
+from discovery.middleware import (
+    bearer_matches,
+    token_digest,
+    token_matches,
+    too_many_wrong_tokens,
+)
 from discovery.status import BadQuery, StatusQuery, fleet_status
 
 COOKIE = "discovery_session"
 COOKIE_PATH = "/ui"
 SESSION_S = 12 * 3600
 MAX_FORM_BYTES = 4096
+MAX_FORM_FIELDS = 4
+MAX_REVOKED = 10_000  # cookies revoked by a logout and not yet expired, at most
+_EXPIRY_DIGITS = 12  # an expiry is a Unix time in seconds: 10 digits until 2286
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 _HEADERS = {
     "Cache-Control": "no-store",
@@ -55,44 +70,107 @@ def _asset(name: str) -> bytes:
     return resources.files("discovery").joinpath("static", name).read_bytes()
 
 
-class Sessions:
-    """Checks the token and the session cookies derived from it."""
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a request may see the page; `retry_after` > 0: its address is
+    braked for that many seconds (429)."""
 
-    def __init__(self, token: str | None, clock: Callable[[], float] = time.time) -> None:
+    allowed: bool
+    retry_after: int = 0
+
+
+class Sessions:
+    """Checks the token and the session cookies derived from it; `brake` slows
+    down wrong tokens (share BearerAuth's so both count against one address)."""
+
+    def __init__(
+        self,
+        token: str | None,
+        clock: Callable[[], float] = time.time,
+        brake: Brake | None = None,
+        max_revoked: int = MAX_REVOKED,
+    ) -> None:
         self.required = bool(token)
         self._digest = token_digest(token) if token else b""
         self._key = hashlib.sha256(b"discovery-ui-session\0" + self._digest).digest()
         self._clock = clock
+        self.brake = brake if brake is not None else Brake()
+        self._max_revoked = max_revoked
+        self._revoked: dict[str, int] = {}  # MAC -> expiry
+        self._revoked_by_expiry: list[tuple[int, str]] = []  # a heap
 
     def token_ok(self, given: str) -> bool:
         """The login form's token, compared as the API's bearer token is."""
         return token_matches(given.encode(), self._digest)
 
     def new_cookie(self) -> str:
+        # The nonce tells two sessions of one second apart: a logout ends its own.
         expires = int(self._clock()) + SESSION_S
-        return f"{expires}.{self._mac(expires)}"
+        nonce = secrets.token_hex(8)
+        return f"{expires}.{nonce}.{self._mac(expires, nonce)}"
 
     def cookie_ok(self, value: str | None) -> bool:
-        if value is None:
-            return False
-        expires, _, mac = value.partition(".")
-        if not expires.isdigit() or int(expires) <= self._clock():
-            return False
-        return hmac.compare_digest(mac.encode(), self._mac(int(expires)).encode())
+        session = self._session(value)
+        return session is not None and session[1] not in self._revoked
 
-    def _mac(self, expires: int) -> str:
-        return hmac.new(self._key, str(expires).encode(), hashlib.sha256).hexdigest()
+    def revoke(self, value: str | None) -> None:
+        """Ends the session of `value` (a valid cookie; anything else is ignored):
+        its MAC is kept until the cookie's own expiry, MAX_REVOKED at most."""
+        session = self._session(value)
+        if session is None or session[1] in self._revoked:
+            return
+        now = self._clock()
+        heap = self._revoked_by_expiry
+        while heap and (heap[0][0] <= now or len(heap) >= self._max_revoked):
+            _, mac = heapq.heappop(heap)  # expired, or the first to expire when full
+            del self._revoked[mac]
+        self._revoked[session[1]] = session[0]
+        heapq.heappush(heap, session)
+
+    def _session(self, value: str | None) -> tuple[int, str] | None:
+        """(expiry, MAC) of a cookie this service issued and that has not expired."""
+        if not value:
+            return None
+        expires, _, rest = value.partition(".")
+        nonce, _, mac = rest.partition(".")
+        # str.isdigit() takes "²" and int() refuses it; a long string is no
+        # expiry, and int() of one is slow or refused (4,300 digits).
+        if not (expires.isascii() and expires.isdigit() and len(expires) <= _EXPIRY_DIGITS):
+            return None
+        if int(expires) <= self._clock():
+            return None
+        if not hmac.compare_digest(mac.encode(), self._mac(int(expires), nonce).encode()):
+            return None
+        return int(expires), mac
+
+    def _mac(self, expires: int, nonce: str) -> str:
+        message = f"{expires}.{nonce}".encode(errors="replace")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def admit(self, request: Request, *, bearer: bool = False) -> Verdict:
+        """Whether the request may see the page (`bearer`: or carries the API's
+        header, braked like the API's)."""
+        if not self.required or self.cookie_ok(request.cookies.get(COOKIE)):
+            return Verdict(True)
+        header = request.headers.get("authorization") if bearer else None
+        if header is None:
+            return Verdict(False)
+        address = client_address(request)
+        wait = self.brake.retry_after(address)
+        if wait:
+            return Verdict(False, wait)
+        if bearer_matches(header.encode("latin-1"), self._digest):
+            self.brake.succeeded(address)
+            return Verdict(True)
+        self.brake.failed(address, "bearer")
+        return Verdict(False)
 
     def allowed(self, request: Request, *, bearer: bool = False) -> bool:
-        """Whether the request may see the page (`bearer`: or carries the API's header)."""
-        if not self.required:
-            return True
-        if self.cookie_ok(request.cookies.get(COOKIE)):
-            return True
-        if bearer:
-            header = request.headers.get("authorization")
-            return header is not None and bearer_matches(header.encode("latin-1"), self._digest)
-        return False
+        return self.admit(request, bearer=bearer).allowed
+
+
+def client_address(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
 def ui_routes(
@@ -107,12 +185,17 @@ def ui_routes(
     login = _asset("login.html").decode()
     static = {name: _asset(name) for name in _STATIC}
 
-    def html(body: bytes | str, status: int = 200) -> Response:
-        return Response(body, status, _HEADERS, media_type="text/html")
+    def html(
+        body: bytes | str, status: int = 200, headers: dict[str, str] | None = None
+    ) -> Response:
+        return Response(body, status, {**_HEADERS, **(headers or {})}, media_type="text/html")
 
-    def login_page(message: str = "", status: int = 401) -> Response:
+    def login_page(message: str = "", status: int = 401, retry_after: int = 0) -> Response:
         # `message` is one of this module's fixed texts: nothing a client sent is echoed.
-        return html(login.replace("<!--message-->", message), status)
+        if message:
+            message = f'<p class="error" role="alert">{message}</p>'
+        headers = {"Retry-After": str(retry_after)} if retry_after else None
+        return html(login.replace("<!--message-->", message), status, headers)
 
     async def root(request: Request) -> Response:
         return RedirectResponse("/ui/", 303)
@@ -125,11 +208,25 @@ def ui_routes(
     async def do_login(request: Request) -> Response:
         if not sessions.required:
             return RedirectResponse("/ui/", 303)
+        address = client_address(request)
+        wait = sessions.brake.retry_after(address)
+        if wait:
+            message = f"Too many wrong tokens from this address: try again in {wait} s."
+            return login_page(message, 429, retry_after=wait)
         body = await request.body()
-        fields = parse_qs(body[:MAX_FORM_BYTES].decode(errors="replace"), max_num_fields=4)
+        try:
+            fields = parse_qs(
+                body[:MAX_FORM_BYTES].decode(errors="replace"), max_num_fields=MAX_FORM_FIELDS
+            )
+        except ValueError:  # more fields than that: no form of this page
+            return login_page(f"The form has more than {MAX_FORM_FIELDS} fields.", 400)
         given = (fields.get("token") or [""])[0]
-        if not given or not sessions.token_ok(given):
-            return login_page('<p class="error" role="alert">Wrong token.</p>')
+        if not given:
+            return login_page("Wrong token.")  # no guess: not counted
+        if not sessions.token_ok(given):
+            sessions.brake.failed(address, "login")
+            return login_page("Wrong token.")
+        sessions.brake.succeeded(address)
         answer = RedirectResponse("/ui/", 303, headers={"Cache-Control": "no-store"})
         answer.set_cookie(
             COOKIE,
@@ -143,6 +240,9 @@ def ui_routes(
         return answer
 
     async def do_logout(request: Request) -> Response:
+        # Deleting the cookie asks the browser; revoking it makes sure (a copy
+        # of the cookie opens nothing either, on this replica).
+        sessions.revoke(request.cookies.get(COOKIE))
         answer = RedirectResponse("/ui/", 303)
         answer.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
         return answer
@@ -155,7 +255,12 @@ def ui_routes(
 
     async def status(request: Request) -> Response:
         headers = {"Cache-Control": "no-store"}
-        if not sessions.allowed(request, bearer=True):
+        verdict = sessions.admit(request, bearer=True)
+        if verdict.retry_after:
+            detail = too_many_wrong_tokens(client_address(request), verdict.retry_after)
+            headers["Retry-After"] = str(verdict.retry_after)
+            return _json({"error": "too_many_requests", "detail": detail}, 429, headers)
+        if not verdict.allowed:
             return _json({"error": "unauthorized", "detail": "log in first"}, 401, headers)
         try:
             query = StatusQuery.parse(request.query_params)

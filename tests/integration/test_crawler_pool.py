@@ -204,11 +204,11 @@ def test_a_lease_the_service_ended_is_dropped_and_replaced(
     counts: Counter[str] = Counter()
 
     async def run() -> None:
-        leases = pool(server, counts, ttl=0.9)
+        leases = pool(server, counts, ttl=1.0)  # the service's minimum
         try:
             held = await leases.acquire("shop.example")
             assert http.delete(f"/v1/leases/{held.id}").status_code == 204  # behind its back
-            # The next renewal (at a third of 0.9 s) hears 404.
+            # The next renewal (at a third of 1 s) hears 404.
             await eventually(lambda: leases.lookup(held.id) is None)
             replacement = await leases.acquire("shop.example")
             assert replacement.id != held.id

@@ -4,6 +4,7 @@ httpx); health verdicts come from a fake so the tests are about leases."""
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -15,8 +16,10 @@ import httpx
 import pytest
 
 from discovery.client import NoProxyAvailable, lease
+from discovery.database import PostgresUrl
 from health.model import Health
 from tests.support.discovery import ServerThread, proxy_entry, settings_for, wait_for, write_fleet
+from tests.support.postgres import postgres as postgres
 
 PASSWORD = "pw-0f-the-proxy"
 
@@ -126,9 +129,9 @@ def test_grant_renew_report_blocked_release(server: ServerThread, http: httpx.Cl
 
 
 def test_leases_expire_on_their_own(server: ServerThread, http: httpx.Client) -> None:
-    lease_id = http.post("/v1/leases", json={"holder": "c", "ttlSeconds": 0.3}).json()["id"]
+    lease_id = http.post("/v1/leases", json={"holder": "c", "ttlSeconds": 1}).json()["id"]
     assert http.get("/v1/proxies").json()["proxies"][0]["leased"] is True
-    wait_for(lambda: http.get("/v1/proxies").json()["proxies"][0]["leased"] is False, timeout=3)
+    wait_for(lambda: http.get("/v1/proxies").json()["proxies"][0]["leased"] is False, timeout=5)
     assert_error(http.post(f"/v1/leases/{lease_id}/renew"), 404)
     metrics = http.get("/metrics").text
     assert "discovery_leases_expired_total 1.0" in metrics
@@ -212,6 +215,8 @@ BAD_GRANTS: list[tuple[Any, int]] = [
     ({"holder": ""}, 400),
     ({"holder": "c", "ttlSeconds": -1}, 400),
     ({"holder": "c", "ttlSeconds": 0}, 400),
+    ({"holder": "c", "ttlSeconds": 1e-9}, 400),  # already expired when granted
+    ({"holder": "c", "ttlSeconds": 0.999}, 400),
     ({"holder": "c", "ttlSeconds": "10"}, 400),
     ({"holder": "c", "ttlSeconds": True}, 400),
     ({"holder": "c", "ttl": 10}, 400),
@@ -235,6 +240,7 @@ def test_bad_input_is_refused_and_changes_nothing(server: ServerThread, http: ht
     )
     assert_error(http.post("/v1/leases"), 400)
     assert_error(http.post(f"/v1/leases/{lease_id}/renew", json={"ttlSeconds": -5}), 400)
+    assert_error(http.post(f"/v1/leases/{lease_id}/renew", json={"ttlSeconds": 1e-300}), 400)
     assert_error(http.post(f"/v1/leases/{lease_id}/renew", json={"ttlSeconds": "5"}), 400)
     assert_error(http.post(f"/v1/leases/{lease_id}/report", json={"outcome": "great"}), 400)
     assert_error(http.post(f"/v1/leases/{lease_id}/report", json={}), 400)
@@ -310,6 +316,7 @@ TOKEN = "tok-" + "a1b2c3" * 6
 
 @pytest.mark.parametrize("server", [{"token": TOKEN}], indirect=True)
 def test_bearer_token_on_v1_only(server: ServerThread, http: httpx.Client) -> None:
+    good = {"Authorization": f"Bearer {TOKEN}"}
     for headers in (
         {},
         {"Authorization": "Bearer wrong"},
@@ -324,12 +331,31 @@ def test_bearer_token_on_v1_only(server: ServerThread, http: httpx.Client) -> No
         ):
             assert_error(answer, 401, "unauthorized")
             assert answer.headers["www-authenticate"].startswith("Bearer")
+        # A right token clears the count of wrong ones (the brake: below).
+        assert http.get("/v1/proxies", headers=good).status_code == 200
     assert store_state(server)[0] == []
-    good = {"Authorization": f"Bearer {TOKEN}"}
     assert http.post("/v1/leases", json={"holder": "c"}, headers=good).status_code == 201
     assert http.get("/v1/proxies", headers={"Authorization": f"bearer {TOKEN}"}).status_code == 200
     for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
         assert http.get(open_path).status_code == 200, open_path
+
+
+@pytest.mark.parametrize("server", [{"token": TOKEN}], indirect=True)
+def test_wrong_tokens_are_braked_over_a_real_socket(
+    server: ServerThread, http: httpx.Client
+) -> None:
+    wrong = {"Authorization": "Bearer " + "w" * 40}
+    statuses = [http.get("/v1/proxies", headers=wrong).status_code for _ in range(5)]
+    assert statuses == [401] * 5
+    braked = http.post("/v1/leases", json={"holder": "c"}, headers=wrong)
+    assert_error(braked, 429, "too_many_requests")
+    assert int(braked.headers["retry-after"]) >= 1
+    assert "127.0.0.1" in braked.json()["detail"]
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    assert http.get("/v1/proxies", headers=good).status_code == 429  # not even compared
+    assert http.get("/healthz").status_code == 200  # what needs no token is served
+    spec = http.get("/openapi.json").json()
+    assert "429" in spec["paths"]["/v1/leases"]["post"]["responses"]
 
 
 # -- service endpoints ----------------------------------------------------------------------
@@ -411,3 +437,37 @@ def test_client_releases_when_the_block_raises(server: ServerThread, http: httpx
     with pytest.raises(RuntimeError, match="crawl failed"), lease(server.url, "c"):
         raise RuntimeError("crawl failed")
     assert http.get("/v1/proxies").json()["proxies"][0]["leased"] is False
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_one_service_answers_alike_on_either_store(
+    tmp_path: Path, request: pytest.FixtureRequest, store: str
+) -> None:
+    """Input no store could keep (NUL: PostgreSQL refused it with a 500) is a
+    400 before any store sees it; a lease id no grant made is a 404; the
+    gauges are read at each scrape (PostgreSQL's lagged a second)."""
+    db: Any = tmp_path / "leases.db"
+    if store == "postgres":
+        server: Any = request.getfixturevalue("postgres")
+        db = PostgresUrl(server.fresh_database(f"api_{random.randrange(1 << 30)}"))
+    settings = settings_for(tmp_path, db=db)
+    assert settings.fleet_file is not None
+    write_fleet(settings.fleet_file, [proxy_entry("p0", zone="z1", labels={"k": "v"})])
+    with ServerThread(settings) as running, httpx.Client(base_url=running.url, timeout=10) as http:
+        wait_for(lambda: http.get("/v1/proxies").json()["proxies"][0]["health"] == "healthy")
+        for body in (
+            {"holder": "h\u0000x"},
+            {"holder": "h", "selector": {"provider": "c\u0000"}},
+            {"holder": "h", "selector": {"zone": "z\u0000"}},
+            {"holder": "h", "selector": {"labels": {"k\u0000": "v"}}},
+            {"holder": "h", "selector": {"labels": {"k": "v\u0000"}}},
+        ):
+            assert_error(http.post("/v1/leases", json=body), 400, "bad_request")
+        for path in ("/v1/leases/%00/renew", "/v1/leases/%00/report"):
+            assert_error(http.post(path, json={"outcome": "ok"} if "report" in path else {}), 404)
+        assert_error(http.delete("/v1/leases/%00"), 404)
+        lease = http.post("/v1/leases", json={"holder": "h", "selector": {"zone": "z1"}})
+        assert lease.status_code == 201, lease.text
+        assert "discovery_leases_active 1.0" in http.get("/metrics").text
+        assert http.delete(f"/v1/leases/{lease.json()['id']}").status_code == 204
+        assert "discovery_leases_active 0.0" in http.get("/metrics").text

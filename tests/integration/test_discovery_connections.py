@@ -353,3 +353,23 @@ def test_a_head_over_64_kib_gets_431() -> None:
         body = b"b" * 65536
         normal = connect(port, HEAD + b"Content-Length: 65536\r\n\r\n" + body)
         assert answer(normal).startswith(b"HTTP/1.1 200 ")
+
+
+def filled_head(headers: int) -> bytes:
+    """A complete GET head with `headers` headers of about 1 KB each."""
+    filler = b"".join(b"X-Filler-%03d: " % i + b"f" * 1000 + b"\r\n" for i in range(headers))
+    return b"GET / HTTP/1.1\r\nHost: x\r\n" + filler + b"\r\n"
+
+
+def test_a_head_over_64_kib_in_one_write_gets_431_too() -> None:
+    """The limit is the head's, however many reads bring it: 70 KB sent at once
+    (often one read) is refused as 200 KB sent in pieces is."""
+    with guarded_server(max_connections=100) as (port, guard, _):
+        big = connect(port, filled_head(70))
+        head = answer(big)
+        assert head.startswith(b"HTTP/1.1 431 "), head[:200]
+        assert closed(guard, "head_too_large") == 1
+        wait_for(lambda: closed_by_peer(big), timeout=5)
+        fits = connect(port, filled_head(60))
+        assert answer(fits).startswith(b"HTTP/1.1 200 ")
+        assert closed(guard, "head_too_large") == 1

@@ -26,8 +26,11 @@ import pytest
 
 from discovery.database import PostgresUrl
 from discovery.fleet import parse_fleet
-from discovery.pgstore import PgStore
-from discovery.store import MAX_TARGET_COOLDOWNS, LeaseStore
+from discovery.postgres import fleets
+from discovery.postgres.rows import HealthView
+from discovery.postgres.store import PostgresStore
+from discovery.selection import Selector
+from discovery.sqlite.store import SqliteStore
 from tests.support.discovery import (
     ROOT,
     ServerThread,
@@ -218,7 +221,7 @@ def test_a_store_in_a_read_only_directory_is_a_one_line_error(tmp_path: Path) ->
     where = tmp_path / "ro"
     mount_tmpfs(where, "1m")
     try:
-        existing = LeaseStore(where / "made.db")  # a store made while it was writable
+        existing = SqliteStore(where / "made.db")  # a store made while it was writable
         existing.open()
         existing.close()
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
@@ -311,8 +314,11 @@ def test_a_broken_fleet_file_is_reported_once_per_content_and_unreadies_the_serv
 def test_a_replica_is_not_ready_while_its_database_is_unreachable(
     tmp_path: Path, postgres: PostgresServer
 ) -> None:
+    """...and says so without naming the database to clients, nor its
+    password anywhere (defect 7: the password in a URL's query reached the
+    log and every 503 while PostgreSQL was down)."""
     name = f"unreachable_{random.randrange(1 << 30)}"
-    url = postgres.fresh_database(name)
+    url = postgres.fresh_database(name) + "?password=hunter2&connect_timeout=5"
     fleet = tmp_path / "fleet.json"
     write_fleet(fleet, [proxy_entry("p0", port=9)])
     args = ["--fleet", str(fleet), "--db", url, "--listen", f"127.0.0.1:{free_port()}"]
@@ -328,48 +334,40 @@ def test_a_replica_is_not_ready_while_its_database_is_unreachable(
         wait_for(lambda: ready(running.url).status_code == 503, timeout=10)
         answer = ready(running.url).json()
         assert answer["error"] == "store_unavailable", answer
+        grant = httpx.post(running.url + "/v1/leases", json={"holder": "h"}, timeout=10)
+        assert grant.status_code == 503 and grant.json()["error"] == "store_unavailable"
+        for said in (grant.text, ready(running.url).text):
+            for secret in ("hunter2", name, "postgres@", "127.0.0.1", str(postgres.port)):
+                assert secret not in said, said
         assert httpx.get(running.url + "/healthz", timeout=5).status_code == 200
         postgres.psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true", database="postgres")
         wait_for(lambda: ready(running.url).status_code == 200, timeout=10)
     finally:
         running.stop()
         postgres.psql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true", database="postgres")
+    log = (tmp_path / "replica.log").read_text()
+    assert "shared store unavailable" in log and "hunter2" not in log
 
 
-def test_the_shared_store_caps_cooldowns_per_proxy_and_bounds_reports(
-    postgres: PostgresServer,
-) -> None:
+def test_the_shared_store_bounds_reports(postgres: PostgresServer) -> None:
+    """Reports are kept at most so many (and so long): the newest ones. (The
+    cooldown cap is a lease rule: tests/integration/test_lease_rules.py.)"""
     url = postgres.fresh_database(f"bounds_{random.randrange(1 << 30)}")
-    fleet = parse_fleet(manifest([proxy_entry("p0"), proxy_entry("p1")]))
-    store = PgStore(PostgresUrl(url))
+    fleet = parse_fleet(manifest([proxy_entry("p0")]))
+    store = PostgresStore(PostgresUrl(url))
     store.migrate()
 
     async def scenario() -> None:
         await store.open()
         try:
-            await store.sync_fleet(fleet.proxies.values(), ())
-            async with store.transaction() as conn:
-                for lease_id, proxy in (("l0", "p0"), ("l1", "p1")):
-                    await conn.execute(
-                        """INSERT INTO discovery_leases
-                           (id, proxy, holder, target, ttl, granted_at, expires_at)
-                           VALUES (%s, %s, 'h', NULL, 60, now(), now() + interval '60 s')""",
-                        (lease_id, proxy),
-                    )
-            for i in range(MAX_TARGET_COOLDOWNS):
-                found = await store.report("l0", "blocked", f"t{i}.example", 600)
-                assert found is not None and found[1] == f"t{i}.example"
-            await store.report("l1", "blocked", "other.example", 600)
-            _, listed = await store.proxies()
-            assert len(listed["p0"].cooldowns) == MAX_TARGET_COOLDOWNS
-            # One distinct target more: one cooldown for every target instead.
-            found = await store.report("l0", "blocked", "one-more.example", 600)
-            assert found is not None
-            _, scope, until = found
-            assert scope == "*" and until is not None
-            _, listed = await store.proxies()
-            assert listed["p0"].cooldowns == (("*", until),)
-            assert [t for t, _ in listed["p1"].cooldowns] == ["other.example"]
+            store.fleet = fleets.digest(fleet.proxies)
+            await fleets.register(store, store.fleet, list(fleet.proxies.values()), ())
+            healthy = HealthView("healthy", None, None, ())
+            await store.write_health([("p0", healthy)], health_changes=1)
+            lease = await store.grant("l0", "h", 60, None, Selector())
+            assert lease is not None
+            for i in range(66):
+                assert await store.report("l0", "blocked", f"t{i}.example", 600) is not None
             await store.prune(7 * 24 * 3600.0, 10)
         finally:
             await store.close()

@@ -129,6 +129,9 @@ def test_the_page_asks_for_the_token_and_its_cookie_opens_nothing_else(
         page.click(".logout button")
         expect(page.locator("#token")).to_be_visible()
         assert context.cookies() == []
+        # Revoked, not only deleted: a copy of the cookie opens nothing either.
+        assert httpx.get(running.url + "/ui/api/status", cookies=jar).status_code == 401
+        assert httpx.get(running.url + "/ui/", cookies=jar).status_code == 401
     finally:
         context.close()
         running.stop()

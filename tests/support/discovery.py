@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -352,3 +353,30 @@ def wait_for(
                 raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
             raise AssertionError(f"condition not met in {timeout} s")
         time.sleep(interval)
+
+
+# -- the app in this process, without a socket ----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def app_client(
+    settings: Settings, *, client: tuple[str, int] = ("192.0.2.7", 40000)
+) -> AsyncIterator[tuple[httpx.AsyncClient, Service]]:
+    """create_app(Service(settings)) with a FakeHealth, started on the running
+    event loop and called through httpx.ASGITransport as from `client`: the
+    real ASGI app, every layer of it, in the test's own process and loop."""
+
+    def factory(listener: HealthListener, registry: CollectorRegistry) -> FakeHealth:
+        return FakeHealth(listener)
+
+    service = Service(settings, health_factory=factory)
+    service.open()
+    app = create_app(service)
+    await service.start()
+    try:
+        transport = httpx.ASGITransport(app=app, client=client)
+        async with httpx.AsyncClient(transport=transport, base_url="http://discovery") as http:
+            yield http, service
+    finally:
+        await service.stop()
+        service.close()

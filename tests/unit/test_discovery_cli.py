@@ -12,7 +12,7 @@ import pytest
 
 from discovery.cli import main, parser, settings_from
 from discovery.settings import is_loopback, split_host_port
-from discovery.store import LeaseStore
+from discovery.sqlite.store import SqliteStore
 from tests.support.discovery import proxy_entry, write_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_every_flag_of_the_design() -> None:
             "--health-workers",
             "32",
         ],
-        {"DISCOVERY_TOKEN": "t0ken"},
+        {"DISCOVERY_TOKEN": "t0ken-" + "0123456789"},
     )
     assert (s.listen_host, s.listen_port) == ("::1", 9000)
     assert s.fleet_file == Path("out.json") and s.stack is None
@@ -52,7 +52,7 @@ def test_every_flag_of_the_design() -> None:
     assert s.probe_target == "www.example.com:443"
     assert (s.probe_interval, s.lease_cooldown, s.max_lease_ttl) == (2.5, 120, 90)
     assert s.health_workers == 32
-    assert s.token == "t0ken"
+    assert s.token == "t0ken-0123456789"
     assert "t0ken" not in repr(s)
 
 
@@ -76,7 +76,7 @@ def test_without_a_token_only_loopback_unless_told_otherwise() -> None:
     remote = ["serve", "--fleet", "f", "--listen", "0.0.0.0:8080", "--db", "d"]
     with pytest.raises(ValueError, match="DISCOVERY_TOKEN"):
         settings(remote)
-    assert settings(remote, {"DISCOVERY_TOKEN": "x"}).listen_host == "0.0.0.0"
+    assert settings(remote, {"DISCOVERY_TOKEN": "x" * 16}).listen_host == "0.0.0.0"
     assert settings([*remote, "--allow-remote-without-token"]).token is None
     assert settings(["serve", "--fleet", "f", "--listen", "localhost:1", "--db", "d"])
 
@@ -152,7 +152,7 @@ def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_store_in_use_stops_a_second_service_with_exit_1(tmp_path: Path) -> None:
-    store = LeaseStore(tmp_path / "l.db")
+    store = SqliteStore(tmp_path / "l.db")
     store.open()
     try:
         done = _serve(tmp_path, "--listen", "127.0.0.1:1")
@@ -187,7 +187,7 @@ def test_the_server_runs_with_its_long_lived_state_frozen(
 
     from discovery import heap
     from discovery.fleet import FleetProxy
-    from discovery.leases import LeaseBook
+    from discovery.sqlite.book import SqliteBook
 
     fleet_file = tmp_path / "f.json"
     seen: dict[str, object] = {}
@@ -211,7 +211,7 @@ def test_the_server_runs_with_its_long_lived_state_frozen(
         await inbox.put({"type": "lifespan.startup"})
         task = asyncio.ensure_future(serve())
         await asyncio.wait_for(started.wait(), 10)
-        seen["books tracked"] = len(tracked(LeaseBook))
+        seen["books tracked"] = len(tracked(SqliteBook))
         seen["threshold"] = gc.get_threshold()
         freezes = gc.get_freeze_count()
         write_fleet(fleet_file, [proxy_entry("a"), proxy_entry("b", port=3129)])
@@ -246,3 +246,38 @@ def test_the_server_runs_with_its_long_lived_state_frozen(
     assert seen["books tracked"] == 0  # built by start(), then frozen
     assert seen["proxies tracked after the change"] == 0  # the new fleet, frozen once applied
     assert seen["threshold"] == (heap.YOUNG_THRESHOLD, *heap.OLDER_THRESHOLDS)
+
+
+def test_the_starting_line_shows_no_database_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `starting` line names the database as `PostgresUrl.shown` does:
+    whatever form the password takes in the URL, it is not in the line."""
+    import signal
+    import types
+    from types import SimpleNamespace
+
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from discovery.cli import run_server
+    from tests.support.logcapture import every_record
+
+    url = "postgresql://postgres@127.0.0.1:1/db?password=hunter2&sslpassword=hunt%65r3"
+    settings = settings_from(
+        parser().parse_args(["serve", "--fleet", "f", "--listen", "127.0.0.1:1", "--db", url]), {}
+    )
+    # The server itself is not run: only what run_server logs before it.
+    fake_app = types.ModuleType("discovery.app")
+    fake_app.create_app = lambda service: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "discovery.app", fake_app)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    service = SimpleNamespace(settings=settings, registry=CollectorRegistry(), close=lambda: None)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with every_record() as records:
+            run_server(service)  # type: ignore[arg-type]
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    [starting] = [r for r in records if " starting" in r.splitlines()[0]]
+    assert "postgresql://postgres:***@127.0.0.1:1/db?sslpassword=***" in starting
+    assert not [r for r in records if "hunter" in r or "hunt" in r]

@@ -60,6 +60,82 @@ def test_a_password_is_never_shown() -> None:
     assert "hunter2" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # Wherever libpq finds a password, and however it is encoded.
+        (
+            "postgresql://postgres@127.0.0.1:25433/db?password=hunter2",
+            "postgresql://postgres:***@127.0.0.1:25433/db",
+        ),
+        ("postgresql://u:hunt%65r2@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u@h/db?pass%77ord=hunter2", "postgresql://u:***@h/db"),
+        ("postgresql://u@h/db?password=hunt%65r2&password=hunter2", "postgresql://u:***@h/db"),
+        ("postgresql://u:hun?ter2@h/db", "postgresql://u:***@h/db"),
+        ("postgres://u:hunter2@[::1]:5/db", "postgres://u:***@[::1]:5/db"),
+        # Other parameters libpq keeps from display.
+        (
+            "postgresql://u@h/db?sslmode=require&sslpassword=hunter2",
+            "postgresql://u@h/db?sslmode=require&sslpassword=***",
+        ),
+        (
+            "postgresql://u@h/db?scram_client_key=hunter2",
+            "postgresql://u@h/db?scram_client_key=***",
+        ),
+        # What is no secret stays readable.
+        (
+            "postgresql://u:hunter2@h1:5,h2:6/db?target_session_attrs=any",
+            "postgresql://u:***@h1:5,h2:6/db?target_session_attrs=any",
+        ),
+        ("postgresql:///leases?host=/run/postgresql", "postgresql:///leases?host=/run/postgresql"),
+        ("postgresql://db.internal", "postgresql://db.internal"),
+        # A password with an unencoded @ or /: libpq takes part of it for the
+        # host, port or database; that part is masked too.
+        ("postgresql://u:hunt@er2@h/db", "postgresql://u:***@***@h/db"),
+        ("postgresql://u:hu/nter2@h/db", "postgresql://u:***/***@h%2Fdb"),
+    ],
+)
+def test_no_form_of_password_is_shown(url: str, shown: str) -> None:
+    assert parse_database(url) == PostgresUrl(url)
+    assert PostgresUrl(url).shown == shown == str(PostgresUrl(url))
+    for piece in ("hunter2", "hunt", "nter2", "er2"):
+        assert piece not in PostgresUrl(url).shown
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "postgresql://u:hunt%zzer2@h/db",
+            "'postgresql://***@h/db' is not a valid URL: invalid percent-encoded token",
+        ),
+        (
+            "postgresql://u@h/db?password=hunter2%zz",
+            "'postgresql://***@h/db?password=***' is not a valid URL: invalid percent-encoded",
+        ),
+        ("postgresql://u@h/db?hunter2", "missing key/value separator"),
+        ("postgresql://u@h/db?password=hunter2=", 'in URI query parameter: "password"'),
+        ("postgresql://u:hunter2@[::1/db", "'postgresql://***@[::1/db' is not a valid URL"),
+        ("postgresql:u:hunter2@h/db", "'postgresql:***' is not a valid URL"),
+        ("postgresql://u:hunter2@h/db?nonsense=1", 'invalid URI query parameter: "nonsense"'),
+        ("postgresql://u:hun?ter2@h/db?x%zz=1", "'postgresql://***@h/db?x%zz=***'"),
+    ],
+)
+def test_a_malformed_url_never_echoes_its_password(url: str, message: str) -> None:
+    with pytest.raises(DatabaseError) as refused:
+        parse_database(url)
+    assert message in str(refused.value)
+    for piece in ("hunter2", "hunt", "ter2"):
+        assert piece not in str(refused.value)
+        assert piece not in redact(url)
+
+
+def test_clients_see_neither_user_host_nor_database() -> None:
+    assert (
+        PostgresUrl("postgresql://crawler:hunter2@db.internal:5432/leases").public == "PostgreSQL"
+    )
+
+
 def test_the_command_line_takes_either(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["serve", "--fleet", "f.json", "--listen", "127.0.0.1:8080", "--db"]
     args = parser().parse_args([*base, "postgresql://u@h:5/d"])

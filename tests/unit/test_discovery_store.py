@@ -9,24 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from discovery.store import (
-    MAX_TARGET_COOLDOWNS,
-    SCHEMA_VERSION,
+from discovery.book.errors import StoreError
+from discovery.book.rules import MAX_TARGET_COOLDOWNS, merge_cooldown
+from discovery.sqlite.ops import (
     AddReport,
     CooldownRecord,
     EndLease,
     ForgetProxy,
     LeaseRecord,
-    LeaseStore,
     Prune,
     PutCooldown,
     PutLease,
     ReportRecord,
     StoredState,
-    StoreError,
     Touch,
-    merge_cooldown,
 )
+from discovery.sqlite.schema import SCHEMA_VERSION
+from discovery.sqlite.store import SqliteStore as LeaseStore
 
 
 def lease(lease_id: str, proxy: str, expires_at: float = 100.0) -> LeaseRecord:

@@ -1,6 +1,6 @@
-"""The lease store: embedded SQLite, WAL, every commit fsynced (durable).
+"""The SQLite lease store: embedded SQLite, WAL, every commit fsynced (durable).
 
-The service keeps the live state in memory (see leases.py) and writes every
+The service keeps the live state in memory (see book.py) and writes every
 change here before it answers, so a `kill -9` loses no granted lease,
 renewal, cooldown or report. Writes go through one writer thread that
 commits whatever has queued up in one transaction (group commit): with
@@ -23,241 +23,23 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from discovery.book.errors import StoreError
 from discovery.logs import event
-from discovery.targets import EVERYWHERE
+from discovery.sqlite.ops import CooldownRecord, LeaseRecord, Op, StoredState
+from discovery.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, execute
 
 log = logging.getLogger("discovery.store")
 
-SCHEMA_VERSION = 1
 _MAX_BATCH = 2048  # submissions per transaction
-# A proxy cools down for at most this many distinct targets at once; one
-# `blocked` more widens its cooldown to every target (merge_cooldown below).
-MAX_TARGET_COOLDOWNS = 64
-# The reports table keeps at most the newest this many rows (and none older
-# than the service's retention, 7 days): at ~470 reports/s, 7 days alone
-# would be 280 million rows.
-REPORTS_KEPT = 1_000_000
-
-# Index i holds the statements that bring a store from version i to i + 1.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE leases (
-            id          TEXT PRIMARY KEY,
-            proxy       TEXT NOT NULL UNIQUE,      -- a proxy has at most one lease
-            holder      TEXT NOT NULL,
-            target      TEXT,
-            ttl         REAL NOT NULL,
-            granted_at  REAL NOT NULL,
-            expires_at  REAL NOT NULL
-        ) STRICT""",
-        """CREATE TABLE cooldowns (
-            proxy   TEXT NOT NULL,
-            target  TEXT NOT NULL,                 -- a host name, or '*' for every target
-            until   REAL NOT NULL,
-            PRIMARY KEY (proxy, target)
-        ) STRICT, WITHOUT ROWID""",
-        """CREATE TABLE reports (
-            seq       INTEGER PRIMARY KEY,
-            at        REAL NOT NULL,
-            lease_id  TEXT NOT NULL,
-            proxy     TEXT NOT NULL,
-            holder    TEXT NOT NULL,
-            outcome   TEXT NOT NULL CHECK (outcome IN ('ok', 'blocked', 'error')),
-            target    TEXT
-        ) STRICT""",
-        "CREATE INDEX reports_at ON reports (at)",
-        # When each proxy was last leased, so least-recently-used order survives a
-        # restart. Kept by a trigger: one statement per grant instead of two.
-        """CREATE TABLE usage (
-            proxy      TEXT PRIMARY KEY,
-            last_used  REAL NOT NULL
-        ) STRICT, WITHOUT ROWID""",
-        """CREATE TRIGGER leases_mark_used AFTER INSERT ON leases BEGIN
-            INSERT INTO usage (proxy, last_used) VALUES (new.proxy, new.granted_at)
-            ON CONFLICT (proxy) DO UPDATE SET last_used = excluded.last_used;
-        END""",
-    ),
-)
-
-
-class StoreError(Exception):
-    """The store cannot be opened or written."""
-
-
-# -- records and operations --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    id: str
-    proxy: str
-    holder: str
-    target: str | None
-    ttl: float
-    granted_at: float
-    expires_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class CooldownRecord:
-    proxy: str
-    target: str
-    until: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReportRecord:
-    at: float
-    lease_id: str
-    proxy: str
-    holder: str
-    outcome: str
-    target: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class PutLease:
-    lease: LeaseRecord
-
-
-@dataclass(frozen=True, slots=True)
-class EndLease:
-    lease_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class PutCooldown:
-    """A `blocked` report's cooldown, merged by merge_cooldown's rule; `now`
-    is the report's time (cooldowns over by then do not count towards the cap)."""
-
-    cooldown: CooldownRecord
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetProxy:
-    """A proxy left the fleet: its cooldowns and usage go."""
-
-    proxy: str
-
-
-@dataclass(frozen=True, slots=True)
-class AddReport:
-    report: ReportRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Prune:
-    """Drops cooldowns that ended, reports older than `reports_before` and
-    all but the newest `reports_kept` reports."""
-
-    now: float
-    reports_before: float
-    reports_kept: int = REPORTS_KEPT
-
-
-@dataclass(frozen=True, slots=True)
-class Touch:
-    """Changes nothing but needs a real write (a WAL frame, an fsync): how a
-    store that failed finds out it can write again."""
-
-
-Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune | Touch
-
-
-@dataclass(frozen=True)
-class StoredState:
-    leases: list[LeaseRecord]
-    cooldowns: list[CooldownRecord]
-    last_used: dict[str, float]
-
-
-def merge_cooldown(scopes: dict[str, float], target: str, until: float, now: float) -> str:
-    """Adds a cooldown to one proxy's (target -> until; never shortened) and
-    returns the target it ended up under: EVERYWHERE when the proxy now cools
-    down for more than MAX_TARGET_COOLDOWNS distinct targets, which widens it
-    to one cooldown for every target, until the latest of them ends.
-
-    Widening rather than dropping a target: a proxy blocked by that many
-    sites is burnt for most of them, and every cooldown it had is kept (none
-    ends early). The lease book applies this rule in memory; `_execute` below
-    applies the same rule in SQL, so both hold the same cooldowns.
-    """
-    scopes[target] = max(scopes.get(target, 0.0), until)
-    if target == EVERYWHERE:
-        return target
-    live = sum(1 for t, u in scopes.items() if t != EVERYWHERE and u > now)
-    if live <= MAX_TARGET_COOLDOWNS:
-        return target
-    widest = max(scopes.values())
-    scopes.clear()
-    scopes[EVERYWHERE] = widest
-    return EVERYWHERE
-
-
-def _execute(db: sqlite3.Connection, op: Op) -> None:
-    match op:
-        case PutLease(lease=r):
-            db.execute(
-                "INSERT INTO leases (id, proxy, holder, target, ttl, granted_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (id) DO UPDATE SET ttl = excluded.ttl, expires_at = excluded.expires_at",
-                (r.id, r.proxy, r.holder, r.target, r.ttl, r.granted_at, r.expires_at),
-            )
-        case EndLease(lease_id=lease_id):
-            db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
-        case PutCooldown(cooldown=c, now=now):
-            db.execute(
-                "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)"
-                " ON CONFLICT (proxy, target) DO UPDATE SET until = max(until, excluded.until)",
-                (c.proxy, c.target, c.until),
-            )
-            if c.target != EVERYWHERE:  # merge_cooldown's cap, in SQL
-                (live,) = db.execute(
-                    "SELECT count(*) FROM cooldowns WHERE proxy = ? AND target != ? AND until > ?",
-                    (c.proxy, EVERYWHERE, now),
-                ).fetchone()
-                if live > MAX_TARGET_COOLDOWNS:
-                    (widest,) = db.execute(
-                        "SELECT max(until) FROM cooldowns WHERE proxy = ?", (c.proxy,)
-                    ).fetchone()
-                    db.execute("DELETE FROM cooldowns WHERE proxy = ?", (c.proxy,))
-                    db.execute(
-                        "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)",
-                        (c.proxy, EVERYWHERE, widest),
-                    )
-        case ForgetProxy(proxy=proxy):
-            db.execute("DELETE FROM cooldowns WHERE proxy = ?", (proxy,))
-            db.execute("DELETE FROM usage WHERE proxy = ?", (proxy,))
-        case AddReport(report=r):
-            db.execute(
-                "INSERT INTO reports (at, lease_id, proxy, holder, outcome, target)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (r.at, r.lease_id, r.proxy, r.holder, r.outcome, r.target),
-            )
-        case Prune(now=now, reports_before=before, reports_kept=kept):
-            db.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
-            db.execute("DELETE FROM reports WHERE at < ?", (before,))
-            # seq is the rowid: new rows take max + 1, so the newest `kept`
-            # rows are those above max - kept.
-            db.execute(
-                "DELETE FROM reports WHERE seq <= (SELECT max(seq) FROM reports) - ?", (kept,)
-            )
-        case Touch():
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-# -- the store ---------------------------------------------------------------------------
 
 _Done = Callable[[BaseException | None], None]
 _STOP = object()
 
 
-class LeaseStore:
+class SqliteStore:
     """Open with :meth:`open`; write with :meth:`write` (awaitable, durable when it returns)."""
 
     def __init__(self, path: Path) -> None:
@@ -333,7 +115,7 @@ class LeaseStore:
             # executescript would COMMIT first; run the statements one by one inside
             # the transaction so a migration is all or nothing.
             try:
-                for statement in _MIGRATIONS[target]:
+                for statement in MIGRATIONS[target]:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {target + 1}")
                 db.execute("COMMIT")
@@ -439,7 +221,7 @@ class LeaseStore:
         try:
             for ops in units:
                 for op in ops:
-                    _execute(db, op)
+                    execute(db, op)
                     count += 1
             db.execute("COMMIT")
         except BaseException:
@@ -461,3 +243,6 @@ def _name_os_thread(name: bytes) -> None:
 def _resolve_all(items: list[tuple[_Done, BaseException | None]]) -> None:
     for done, error in items:
         done(error)
+
+
+__all__ = ["SqliteStore"]

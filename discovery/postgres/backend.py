@@ -1,0 +1,64 @@
+"""A replica on the shared PostgreSQL store in the running service: the
+schema is migrated before the server starts; the database holds leases,
+cooldowns and health; one replica probes (leadership.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from discovery.book.contract import LeaseBook
+from discovery.book.rules import Terms
+from discovery.database import PostgresUrl
+from discovery.fleet import Fleet
+from discovery.health_source import HealthSource
+from discovery.metrics import Metrics
+from discovery.postgres.book import PostgresBook
+from discovery.postgres.leadership import Leadership
+from discovery.postgres.store import PostgresStore
+
+
+class PostgresBackend:
+    expiry_tick = 1.0  # grants ignore expired leases; the sweep only tidies up
+
+    def __init__(self, database: PostgresUrl, terms: Terms) -> None:
+        self._terms = terms
+        self.store = PostgresStore(database)
+        self._leadership: Leadership | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self._leadership is not None and self._leadership.leading
+
+    def describe(self) -> str:
+        return f"postgresql {self.store.database.shown}"
+
+    def open(self) -> None:
+        self.store.migrate()
+
+    async def start(self, fleet: Fleet, health: HealthSource, metrics: Metrics) -> LeaseBook:
+        await self.store.open()
+        book = PostgresBook(store=self.store, health=health, metrics=metrics, terms=self._terms)
+        await book.restore(fleet)
+        # The health engine probes only while this replica leads.
+        self._leadership = Leadership(self.store, health, probe_interval=self._terms.probe_interval)
+        return book
+
+    def loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+        assert self._leadership is not None
+        return {"leadership": self._leadership.run}
+
+    def failure(self) -> str | None:
+        # The reason names the server (host, user, database): the log has it.
+        if self.store.failure is None:
+            return None
+        return "PostgreSQL cannot be reached (the service's log says why)"
+
+    async def stop(self) -> None:
+        await self.store.close()
+
+    def close(self) -> None:
+        """Nothing to free: the pool closes in stop()."""
+
+
+__all__ = ["PostgresBackend"]

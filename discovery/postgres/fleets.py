@@ -1,0 +1,109 @@
+"""Which proxies the shared store holds, when replicas may serve different
+fleets (one reloaded before another; a fleet swapped across a restart).
+
+Each replica names its fleet by a digest of its proxies' names and tags
+every proxy of it with that digest (the `fleets` column); it grants, renews,
+reports and releases only on proxies carrying its own tag, so a proxy its
+fleet lacks is never handed out or touched by it (a 404 or a 409, never a
+lease it cannot describe). Replicas register their fleet at start and every
+maintenance round; a fleet no replica has registered for FLEET_TTL_S is
+dropped, and a proxy no remaining fleet holds leaves the store with its
+lease (revoked), cooldowns and usage: what a fleet change does at once on
+the replica that saw it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+
+from discovery.fleet import FleetProxy
+from discovery.postgres import queries as q
+from discovery.postgres.store import PostgresStore
+
+# Ten maintenance rounds (30 s each): a database down for minutes must not
+# make the first replica back drop the fleets of the others.
+FLEET_TTL_S = 300.0
+
+_REGISTER = f"""INSERT INTO discovery_fleets (digest, seen_at) VALUES (%(fleet)s, {q.NOW})
+    ON CONFLICT (digest) DO UPDATE SET seen_at = excluded.seen_at"""
+_UPSERT = """INSERT INTO discovery_proxies (name, provider, zone, labels, fleets)
+    VALUES (%(name)s, %(provider)s, %(zone)s, %(labels)s::jsonb, ARRAY[%(fleet)s])
+    ON CONFLICT (name) DO UPDATE SET provider = excluded.provider, zone = excluded.zone,
+        labels = excluded.labels,
+        fleets = CASE WHEN %(fleet)s = ANY(discovery_proxies.fleets)
+                      THEN discovery_proxies.fleets
+                      ELSE array_append(discovery_proxies.fleets, %(fleet)s) END"""
+_REVOKE = f"""DELETE FROM discovery_leases WHERE proxy = ANY(%(names)s) AND expires_at > {q.NOW}"""
+_REMOVE = "DELETE FROM discovery_proxies WHERE name = ANY(%(names)s)"
+_DEAD = f"""DELETE FROM discovery_fleets
+    WHERE seen_at < {q.NOW} - make_interval(secs => %(ttl)s) AND digest <> %(fleet)s
+    RETURNING digest"""
+_UNTAG = """UPDATE discovery_proxies
+    SET fleets = ARRAY(SELECT f FROM unnest(fleets) f WHERE f <> ALL(%(dead)s))
+    WHERE fleets && %(dead)s::text[]"""
+_ORPHANS = "SELECT name FROM discovery_proxies WHERE cardinality(fleets) = 0"
+
+
+def digest(names: Iterable[str]) -> str:
+    """The tag of a fleet: the same set of names, the same tag on every replica."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+async def register(
+    store: PostgresStore, tag: str, proxies: Sequence[FleetProxy], removed: Sequence[str]
+) -> int:
+    """Registers the fleet `tag` (this replica's), adds or updates its proxies
+    and drops `removed` (a fleet change seen here) with their leases and
+    cooldowns; returns how many live leases that ended."""
+    params = store.params() | {"fleet": tag}
+    rows = [
+        {
+            "name": p.name,
+            "provider": p.provider,
+            "zone": p.zone,
+            "labels": json.dumps(dict(p.labels)),
+            "fleet": tag,
+        }
+        for p in proxies
+    ]
+    async with store.connection(transaction=True) as conn:
+        await conn.execute(_REGISTER, params)
+        revoked = await _remove(conn, params, list(removed))
+        if rows:
+            async with conn.cursor() as cur:
+                await cur.executemany(_UPSERT, rows)
+        # Many rows changed (a new fleet): fresh statistics, or the grant's
+        # plan may take the whole fleet for one row and sort it each time.
+        await conn.execute("ANALYZE discovery_proxies")
+        return revoked
+
+
+async def forget_dead(store: PostgresStore) -> int:
+    """Drops the fleets no replica registered for FLEET_TTL_S, and the proxies
+    no fleet holds any more; returns how many live leases that ended."""
+    params = store.params(ttl=FLEET_TTL_S)
+    async with store.connection(transaction=True) as conn:
+        dead = [row[0] for row in await (await conn.execute(_DEAD, params)).fetchall()]
+        if not dead:
+            return 0
+        await conn.execute(_UNTAG, {"dead": dead})
+        orphans = [row[0] for row in await (await conn.execute(_ORPHANS)).fetchall()]
+        return await _remove(conn, params, orphans)
+
+
+async def _remove(
+    conn: psycopg.AsyncConnection[Any], params: dict[str, Any], names: list[str]
+) -> int:
+    if not names:
+        return 0
+    on = params | {"names": names}
+    cur = await conn.execute(_REVOKE, on)
+    await conn.execute(_REMOVE, on)
+    return cur.rowcount
+
+
+__all__ = ["FLEET_TTL_S", "digest", "forget_dead", "register"]

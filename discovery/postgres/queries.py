@@ -1,0 +1,164 @@
+"""The shared store's SQL, one statement per operation where it can be.
+
+Time: `{NOW}` is the store's clock, the database's `now()` unless a clock
+was given (tests: the same fake clock the SQLite book gets). Fleet: every
+statement on a lease or a proxy names this replica's fleet (`%(fleet)s`, a
+digest; fleet.py), so a replica never acts on a proxy its fleet lacks."""
+
+from __future__ import annotations
+
+NOW = "COALESCE(%(now)s::timestamptz, now())"
+EPOCH = "extract(epoch from {})::float8"
+
+# A proxy of this replica's fleet that the selector matches (over discovery_proxies p).
+MINE = "%(fleet)s = ANY(p.fleets)"
+SELECTED = f"""{MINE}
+      AND (%(provider)s::text IS NULL OR p.provider = %(provider)s)
+      AND (%(zone)s::text IS NULL OR p.zone = %(zone)s)
+      AND p.labels @> %(labels)s::jsonb"""
+# ...and could be granted now.
+ELIGIBLE = f"""p.health = 'healthy' AND {SELECTED}
+      AND (p.lease_expires IS NULL OR p.lease_expires <= {NOW})
+      AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
+                      WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
+                        AND c.until > {NOW})"""
+
+LEASE_COLUMNS = f"""l.id, l.proxy, l.holder, l.target, l.ttl,
+    {EPOCH.format("l.granted_at")} AS granted_at, {EPOCH.format("l.expires_at")} AS expires_at"""
+# The lease's proxy is in this replica's fleet.
+LEASE_IS_MINE = f"EXISTS (SELECT 1 FROM discovery_proxies p WHERE p.name = l.proxy AND {MINE})"
+
+# One round trip: the least recently used eligible proxy (the lease contract's
+# order, which the index discovery_proxies_lru keeps), locked (rows another
+# grant holds are skipped: it is taking them), marked used and leased.
+# Whether a proxy is free is a column of its own row (lease_expires), not a
+# lookup in the lease table: a row another grant just took comes back to this
+# one's lock as its new version, and PostgreSQL checks the condition again on
+# that, so a proxy leased meanwhile is passed over instead of picked. An
+# expired lease of it may still be in the lease table: replaced in place (and
+# said so: `replaced` counts it as expired); a live one is never touched.
+GRANT = f"""WITH picked AS (
+        SELECT p.name FROM discovery_proxies p
+        WHERE {ELIGIBLE}
+        ORDER BY p.last_used ASC NULLS FIRST, p.name
+        LIMIT 1 FOR UPDATE OF p SKIP LOCKED),
+    used AS (
+        UPDATE discovery_proxies p
+        SET last_used = {NOW}, lease_expires = {NOW} + make_interval(secs => %(ttl)s)
+        FROM picked WHERE p.name = picked.name RETURNING p.name)
+    INSERT INTO discovery_leases AS l (id, proxy, holder, target, ttl, granted_at, expires_at)
+    SELECT %(id)s, used.name, %(holder)s, %(target)s, %(ttl)s, {NOW},
+           {NOW} + make_interval(secs => %(ttl)s)
+    FROM used
+    ON CONFLICT (proxy) DO UPDATE SET id = excluded.id, holder = excluded.holder,
+        target = excluded.target, ttl = excluded.ttl, granted_at = excluded.granted_at,
+        expires_at = excluded.expires_at
+    WHERE l.expires_at <= {NOW}
+    RETURNING {LEASE_COLUMNS}, l.xmax::text <> '0' AS replaced"""
+
+# An eligible proxy no other grant holds right now, locked for this one.
+ONE_FREE = f"""SELECT p.name FROM discovery_proxies p WHERE {ELIGIBLE}
+    LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
+
+# Renew and release, each one statement: the lease row and its proxy's
+# lease_expires change together, and only on a live lease of this fleet.
+RENEW = f"""WITH renewed AS (
+        UPDATE discovery_leases l
+        SET ttl = COALESCE(%(ttl)s::float8, LEAST(l.ttl, %(max_ttl)s)),
+            expires_at = {NOW} + make_interval(
+                secs => COALESCE(%(ttl)s::float8, LEAST(l.ttl, %(max_ttl)s)))
+        WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}
+        RETURNING l.*),
+    marked AS (
+        UPDATE discovery_proxies p SET lease_expires = renewed.expires_at
+        FROM renewed WHERE p.name = renewed.proxy)
+    SELECT {LEASE_COLUMNS} FROM renewed l"""
+
+RELEASE = f"""WITH ended AS (
+        DELETE FROM discovery_leases l
+        WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}
+        RETURNING l.proxy)
+    UPDATE discovery_proxies p SET lease_expires = NULL
+    FROM ended WHERE p.name = ended.proxy
+    RETURNING p.name"""
+
+# A report's lease, locked: reports on one lease (so on one proxy) take
+# turns, so each one's count of the proxy's cooldowns sees the one before.
+REPORTED_LEASE = f"""SELECT {LEASE_COLUMNS} FROM discovery_leases l
+    WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE} FOR UPDATE"""
+
+ADD_REPORT = f"""INSERT INTO discovery_reports (at, lease_id, proxy, holder, outcome, target)
+    VALUES ({NOW}, %(id)s, %(proxy)s, %(holder)s, %(outcome)s, %(target)s)"""
+
+ADD_COOLDOWN = f"""INSERT INTO discovery_cooldowns (proxy, target, until)
+    VALUES (%(proxy)s, %(scope)s, {NOW} + make_interval(secs => %(cooldown)s))
+    ON CONFLICT (proxy, target)
+    DO UPDATE SET until = GREATEST(discovery_cooldowns.until, excluded.until)
+    RETURNING {EPOCH.format("until")} AS until"""
+
+# rules.merge_cooldown's cap, in SQL: more than the cap of live target
+# cooldowns on a proxy become one cooldown everywhere, until the latest.
+LIVE_TARGET_COOLDOWNS = f"""SELECT count(*) AS count FROM discovery_cooldowns
+    WHERE proxy = %(proxy)s AND target <> %(everywhere)s AND until > {NOW}"""
+WIDEN_COOLDOWNS = f"""WITH gone AS (
+        DELETE FROM discovery_cooldowns WHERE proxy = %(proxy)s RETURNING until)
+    INSERT INTO discovery_cooldowns (proxy, target, until)
+    SELECT %(proxy)s, %(everywhere)s, max(until) FROM gone
+    RETURNING {EPOCH.format("until")} AS until"""
+
+# Each `error` counts: the prober takes them all (TAKE_ERRORS), not the last.
+ADD_ERROR = """UPDATE discovery_proxies
+    SET error_reports = error_reports + 1, error_report = %(error)s
+    WHERE name = %(proxy)s"""
+TAKE_ERRORS = """WITH taken AS (
+        SELECT name, error_reports, error_report FROM discovery_proxies
+        WHERE error_reports > 0 FOR UPDATE)
+    UPDATE discovery_proxies p SET error_reports = 0, error_report = NULL
+    FROM taken WHERE p.name = taken.name
+    RETURNING taken.name AS proxy, taken.error_reports AS count, taken.error_report AS error"""
+
+EXPIRE = f"DELETE FROM discovery_leases WHERE expires_at <= {NOW}"
+UNMARK_EXPIRED = f"UPDATE discovery_proxies SET lease_expires = NULL WHERE lease_expires <= {NOW}"
+
+PRUNE = (
+    f"DELETE FROM discovery_cooldowns WHERE until <= {NOW}",
+    f"DELETE FROM discovery_reports WHERE at < {NOW} - make_interval(secs => %(retention)s)",
+    """DELETE FROM discovery_reports
+       WHERE seq <= (SELECT max(seq) FROM discovery_reports) - %(kept)s""",
+)
+
+CLOCK = f"SELECT {EPOCH.format(NOW)} AS now"
+
+# The state of each proxy of this fleet the selector matches, for a 409.
+CANDIDATES = f"""SELECT p.name, p.health = 'healthy' AS healthy,
+        {EPOCH.format("l.expires_at")} AS leased_until,
+        (SELECT {EPOCH.format("max(c.until)")} FROM discovery_cooldowns c
+          WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
+            AND c.until > {NOW}) AS cooling_until
+    FROM discovery_proxies p
+    LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > {NOW}
+    WHERE {SELECTED}"""
+
+# Every proxy of this fleet with its health and live lease; then the live cooldowns.
+PROXIES = f"""SELECT p.name, p.health, p.latency_ms, p.last_error,
+        l.holder, {EPOCH.format("l.expires_at")} AS expires_at,
+        COALESCE(p.recent_ms, '{{}}') AS recent_ms
+    FROM discovery_proxies p
+    LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > {NOW}
+    WHERE {MINE}"""
+COOLDOWNS = f"""SELECT c.proxy, c.target, {EPOCH.format("c.until")} AS until
+    FROM discovery_cooldowns c JOIN discovery_proxies p ON p.name = c.proxy
+    WHERE c.until > {NOW} AND {MINE}"""
+
+# The prober's view of each proxy whose view changed. The histories travel
+# as array literals (unnest would flatten a two-dimensional array) and are
+# cast back per row.
+WRITE_HEALTH = """UPDATE discovery_proxies p
+    SET health = h.health, latency_ms = h.latency, last_error = h.error,
+        recent_ms = h.recent::float8[]
+    FROM unnest(%(names)s::text[], %(healths)s::text[], %(latencies)s::float8[],
+                %(errors)s::text[], %(recents)s::text[])
+         AS h(name, health, latency, error, recent)
+    WHERE p.name = h.name"""
+
+__all__ = [name for name in dir() if name.isupper()]

@@ -1,0 +1,83 @@
+"""The shared store's rows, as psycopg builds them by column name (class_row)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from discovery.book.contract import LeaseRecord
+
+
+@dataclass(frozen=True)
+class GrantRow(LeaseRecord):
+    replaced: bool  # it replaced an expired lease of the proxy (counted as expired)
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    name: str
+    health: str
+    latency_ms: float | None
+    last_error: str | None
+    holder: str | None  # of the live lease, if any
+    expires_at: float | None
+    recent_ms: list[float | None]
+
+
+@dataclass(frozen=True)
+class CooldownRow:
+    proxy: str
+    target: str
+    until: float
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    name: str
+    healthy: bool
+    leased_until: float | None
+    cooling_until: float | None
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    proxy: str
+    count: int
+    error: str
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """What the prober writes of one proxy."""
+
+    health: str
+    latency_ms: float | None
+    last_error: str | None
+    recent_ms: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Until:
+    until: float
+
+
+@dataclass(frozen=True)
+class Count:
+    count: int
+
+
+@dataclass(frozen=True)
+class Now:
+    now: float
+
+
+__all__ = [
+    "CandidateRow",
+    "CooldownRow",
+    "Count",
+    "ErrorRow",
+    "GrantRow",
+    "HealthView",
+    "Now",
+    "ProxyRow",
+    "Until",
+]

@@ -1,0 +1,99 @@
+"""What the SQLite book writes to its store: records and the operations on
+them, each a frozen value queued to the writer thread (store.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from discovery.book.contract import LeaseRecord
+from discovery.book.rules import REPORTS_KEPT
+
+
+@dataclass(frozen=True, slots=True)
+class CooldownRecord:
+    proxy: str
+    target: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRecord:
+    at: float
+    lease_id: str
+    proxy: str
+    holder: str
+    outcome: str
+    target: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PutLease:
+    lease: LeaseRecord
+
+
+@dataclass(frozen=True, slots=True)
+class EndLease:
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutCooldown:
+    """A `blocked` report's cooldown, merged by merge_cooldown's rule; `now`
+    is the report's time (cooldowns over by then do not count towards the cap)."""
+
+    cooldown: CooldownRecord
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetProxy:
+    """A proxy left the fleet: its cooldowns and usage go."""
+
+    proxy: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddReport:
+    report: ReportRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """Drops cooldowns that ended, reports older than `reports_before` and
+    all but the newest `reports_kept` reports."""
+
+    now: float
+    reports_before: float
+    reports_kept: int = REPORTS_KEPT
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """Changes nothing but needs a real write (a WAL frame, an fsync): how a
+    store that failed finds out it can write again."""
+
+
+Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune | Touch
+
+
+@dataclass(frozen=True)
+class StoredState:
+    leases: list[LeaseRecord]
+    cooldowns: list[CooldownRecord]
+    last_used: dict[str, float]
+
+
+__all__ = [
+    "AddReport",
+    "CooldownRecord",
+    "EndLease",
+    "ForgetProxy",
+    "LeaseRecord",
+    "Op",
+    "Prune",
+    "PutCooldown",
+    "PutLease",
+    "ReportRecord",
+    "StoredState",
+    "Touch",
+]
