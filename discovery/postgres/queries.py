@@ -90,21 +90,15 @@ REPORTED_LEASE = f"""SELECT {LEASE_COLUMNS} FROM discovery_leases l
 ADD_REPORT = f"""INSERT INTO discovery_reports (at, lease_id, proxy, holder, outcome, target)
     VALUES ({NOW}, %(id)s, %(proxy)s, %(holder)s, %(outcome)s, %(target)s)"""
 
-ADD_COOLDOWN = f"""INSERT INTO discovery_cooldowns (proxy, target, until)
-    VALUES (%(proxy)s, %(scope)s, {NOW} + make_interval(secs => %(cooldown)s))
-    ON CONFLICT (proxy, target)
-    DO UPDATE SET until = GREATEST(discovery_cooldowns.until, excluded.until)
-    RETURNING {EPOCH.format("until")} AS until"""
-
-# rules.merge_cooldown's cap, in SQL: more than the cap of live target
-# cooldowns on a proxy become one cooldown everywhere, until the latest.
-LIVE_TARGET_COOLDOWNS = f"""SELECT count(*) AS count FROM discovery_cooldowns
-    WHERE proxy = %(proxy)s AND target <> %(everywhere)s AND until > {NOW}"""
-WIDEN_COOLDOWNS = f"""WITH gone AS (
-        DELETE FROM discovery_cooldowns WHERE proxy = %(proxy)s RETURNING until)
-    INSERT INTO discovery_cooldowns (proxy, target, until)
-    SELECT %(proxy)s, %(everywhere)s, max(until) FROM gone
-    RETURNING {EPOCH.format("until")} AS until"""
+# A proxy's cooldowns and the store's time, for rules.merge_cooldown (a
+# report holds its lease's row lock, so reports on one proxy take turns).
+COOLDOWNS_OF = f"""SELECT {EPOCH.format(NOW)} AS now,
+        COALESCE((SELECT json_object_agg(target, {EPOCH.format("until")})
+                  FROM discovery_cooldowns WHERE proxy = %(proxy)s), '{{}}') AS scopes"""
+DROP_COOLDOWNS = "DELETE FROM discovery_cooldowns WHERE proxy = %(proxy)s"
+PUT_COOLDOWN = """INSERT INTO discovery_cooldowns (proxy, target, until)
+    VALUES (%(proxy)s, %(scope)s, to_timestamp(%(until)s))
+    ON CONFLICT (proxy, target) DO UPDATE SET until = excluded.until"""
 
 # Each `error` counts: the prober takes them all (TAKE_ERRORS), not the last.
 ADD_ERROR = """UPDATE discovery_proxies

@@ -56,13 +56,9 @@ class HealthView:
 
 
 @dataclass(frozen=True)
-class Until:
-    until: float
-
-
-@dataclass(frozen=True)
-class Count:
-    count: int
+class Scopes:
+    now: float
+    scopes: dict[str, float]  # target -> until
 
 
 @dataclass(frozen=True)
@@ -73,11 +69,10 @@ class Now:
 __all__ = [
     "CandidateRow",
     "CooldownRow",
-    "Count",
     "ErrorRow",
     "GrantRow",
     "HealthView",
     "Now",
     "ProxyRow",
-    "Until",
+    "Scopes",
 ]

@@ -29,20 +29,19 @@ from psycopg.rows import class_row, tuple_row
 
 from discovery.book.contract import LeaseRecord
 from discovery.book.errors import StoreError
-from discovery.book.rules import EVERYWHERE, MAX_TARGET_COOLDOWNS, cooldown_scopes
+from discovery.book.rules import EVERYWHERE, cooldown_scopes, merge_cooldown
 from discovery.database import PostgresUrl
 from discovery.logs import event
 from discovery.postgres import queries as q
 from discovery.postgres.rows import (
     CandidateRow,
     CooldownRow,
-    Count,
     ErrorRow,
     GrantRow,
     HealthView,
     Now,
     ProxyRow,
-    Until,
+    Scopes,
 )
 from discovery.postgres.schema import SCHEMA_VERSION, migrate
 from discovery.selection import Selector
@@ -202,14 +201,7 @@ class PostgresStore:
             until = None
             scope = host or EVERYWHERE
             if outcome == "blocked" and cooldown > 0:
-                added = await self.one(
-                    conn, Until, q.ADD_COOLDOWN, on | {"scope": scope, "cooldown": cooldown}
-                )
-                until = added.until if added else None
-                if scope != EVERYWHERE:
-                    widened = await self._cap_cooldowns(conn, on | {"everywhere": EVERYWHERE})
-                    if widened is not None:
-                        scope, until = EVERYWHERE, widened
+                scope, until = await self._cool_down(conn, on, scope, cooldown)
             elif outcome == "error":
                 where = f" for {host}" if host else ""
                 await conn.execute(
@@ -217,15 +209,19 @@ class PostgresStore:
                 )
             return lease, scope, until
 
-    async def _cap_cooldowns(
-        self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]
-    ) -> float | None:
-        """When the widened cooldown ends (None: under the cap)."""
-        live = await self.one(conn, Count, q.LIVE_TARGET_COOLDOWNS, params)
-        if live is None or live.count <= MAX_TARGET_COOLDOWNS:
-            return None
-        widest = await self.one(conn, Until, q.WIDEN_COOLDOWNS, params)
-        return widest.until if widest else None
+    async def _cool_down(
+        self, conn: psycopg.AsyncConnection[Any], on: dict[str, Any], target: str, cooldown: float
+    ) -> tuple[str, float]:
+        """rules.merge_cooldown on the proxy's stored cooldowns: the target the
+        cooldown ended up under, and when it ends."""
+        held = await self.one(conn, Scopes, q.COOLDOWNS_OF, on)
+        assert held is not None  # one row, always
+        scopes = dict(held.scopes)
+        scope = merge_cooldown(scopes, target, held.now + cooldown, held.now)
+        if scope != target:  # widened: one cooldown everywhere instead
+            await conn.execute(q.DROP_COOLDOWNS, on)
+        await conn.execute(q.PUT_COOLDOWN, on | {"scope": scope, "until": scopes[scope]})
+        return scope, scopes[scope]
 
     async def release(self, lease_id: str) -> str | None:
         """Ends a live lease of this fleet; its proxy's name, or None when there was none."""

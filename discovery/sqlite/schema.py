@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from discovery.book.rules import EVERYWHERE, MAX_TARGET_COOLDOWNS
+from discovery.book.rules import merge_cooldown
 from discovery.sqlite.ops import (
     AddReport,
     EndLease,
@@ -73,25 +73,18 @@ def execute(db: sqlite3.Connection, op: Op) -> None:
         case EndLease(lease_id=lease_id):
             db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
         case PutCooldown(cooldown=c, now=now):
+            # The rule is rules.merge_cooldown, applied to what the store holds.
+            scopes = dict(
+                db.execute("SELECT target, until FROM cooldowns WHERE proxy = ?", (c.proxy,))
+            )
+            scope = merge_cooldown(scopes, c.target, c.until, now)
+            if scope != c.target:  # widened: one cooldown everywhere instead
+                db.execute("DELETE FROM cooldowns WHERE proxy = ?", (c.proxy,))
             db.execute(
                 "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)"
-                " ON CONFLICT (proxy, target) DO UPDATE SET until = max(until, excluded.until)",
-                (c.proxy, c.target, c.until),
+                " ON CONFLICT (proxy, target) DO UPDATE SET until = excluded.until",
+                (c.proxy, scope, scopes[scope]),
             )
-            if c.target != EVERYWHERE:  # rules.merge_cooldown's cap, in SQL
-                (live,) = db.execute(
-                    "SELECT count(*) FROM cooldowns WHERE proxy = ? AND target != ? AND until > ?",
-                    (c.proxy, EVERYWHERE, now),
-                ).fetchone()
-                if live > MAX_TARGET_COOLDOWNS:
-                    (widest,) = db.execute(
-                        "SELECT max(until) FROM cooldowns WHERE proxy = ?", (c.proxy,)
-                    ).fetchone()
-                    db.execute("DELETE FROM cooldowns WHERE proxy = ?", (c.proxy,))
-                    db.execute(
-                        "INSERT INTO cooldowns (proxy, target, until) VALUES (?, ?, ?)",
-                        (c.proxy, EVERYWHERE, widest),
-                    )
         case ForgetProxy(proxy=proxy):
             db.execute("DELETE FROM cooldowns WHERE proxy = ?", (proxy,))
             db.execute("DELETE FROM usage WHERE proxy = ?", (proxy,))
