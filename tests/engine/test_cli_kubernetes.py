@@ -23,8 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from discovery.client import NoProxyAvailable, lease
-from discovery.httpx import DiscoveryTransport
+from egress_proxies_client import DiscoveryTransport, NoProxyAvailable, lease
 from providers.kubernetes.container import container_settings
 from providers.kubernetes.workload import CONFIG_HASH_ANNOTATION
 from proxyinfra.config import Squid
@@ -184,7 +183,7 @@ def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod
             transport = DiscoveryTransport(
                 service.url,
                 token=TOKEN,
-                proxy_transport=lambda url: httpx.HTTPTransport(proxy=url, verify=verify),
+                proxy_transport=lambda url: httpx.AsyncHTTPTransport(proxy=url, verify=verify),
             )
             with httpx.Client(transport=transport, timeout=30) as crawler:
                 answer = crawler.get(page.url)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from discovery.client import lease
+from egress_proxies_client import lease
 from tests.support.discovery import ServiceProcess, all_healthy, api_client, free_port, wait_for
 from tests.support.http import FileServer
 from tests.support.images import proxy_image

@@ -1,8 +1,14 @@
-"""The lease pool under the crawler adapters (discovery.rotation.LeasePool) and
-the httpx transport's proxy failures, against the real app on a loopback
-socket with health verdicts from a fake: leases per site, bans and cooldowns
-per site, waiting on Retry-After, renewal, idle and lost leases, release on
-close. The real crawls through squids are in test_crawlers.py."""
+"""The lease pool under the crawler adapters (egress_proxies_client.LeasePool)
+and the httpx transports when a proxy fails: leases per site, bans and
+cooldowns per site, waiting on Retry-After, renewal, idle and lost leases,
+release on close, refused credentials, connection errors, ban retries.
+
+The logic runs in this process against the real ASGI app (every layer of
+it, through httpx.ASGITransport, with health verdicts from a fake) and, for
+the transports, proxies answered by httpx.MockTransport. A few tests use
+sockets for what only sockets show (an unreachable service, the sync
+transport's thread and streamed bodies). The real crawls through squids are
+in test_crawlers.py."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -18,13 +25,20 @@ from typing import Any
 import httpx
 import pytest
 
-from discovery.client import NoProxyAvailable, lease
-from discovery.httpx import DiscoveryTransport
-from discovery.rotation import Held, LeasePool, PoolClosed
+from discovery.service import Service
+from egress_proxies_client import (
+    AsyncDiscoveryTransport,
+    DiscoveryTransport,
+    LeasePool,
+    NoProxyAvailable,
+    PoolClosed,
+    alease,
+)
 from tests.support.discovery import (
+    FakeHealth,
     ServerThread,
+    app_client,
     free_port,
-    proxies,
     proxy_entry,
     settings_for,
     wait_for,
@@ -32,9 +46,10 @@ from tests.support.discovery import (
 )
 
 PASSWORD = "pw-of-the-pool"
+URL = "http://discovery"  # the app_client's base URL
 
 
-def start_server(tmp_path: Path, ports: list[int], **options: Any) -> ServerThread:
+def fleet_settings(tmp_path: Path, ports: list[int], **options: Any) -> Any:
     values: dict[str, Any] = {"max_lease_ttl": 60, "lease_cooldown": 30}
     values.update(options)
     settings = settings_for(tmp_path, **values)
@@ -46,28 +61,35 @@ def start_server(tmp_path: Path, ports: list[int], **options: Any) -> ServerThre
             for i, port in enumerate(ports)
         ],
     )
-    return ServerThread(settings).start()
+    return settings
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerThread]:
-    running = start_server(tmp_path, [4100, 4101, 4102])
-    yield running
-    running.stop()
+@asynccontextmanager
+async def service(
+    tmp_path: Path, ports: list[int] | None = None, **options: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Service]]:
+    settings = fleet_settings(tmp_path, ports or [4100, 4101, 4102], **options)
+    async with app_client(settings) as running:
+        yield running
 
 
-@pytest.fixture
-def http(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        yield client
-
-
-def pool(server: ServerThread, counts: Counter[str] | None = None, **options: Any) -> LeasePool:
+def pool(http: httpx.AsyncClient, counts: Counter[str] | None = None, **options: Any) -> LeasePool:
     def count(key: str, n: int) -> None:
         if counts is not None:
             counts[key] += n
 
-    return LeasePool(server.url, holder="pool-test", token="", count=count, **options)
+    return LeasePool(URL, holder="pool-test", token="", count=count, http=http, **options)
+
+
+class Sleeps:
+    """The pool's sleep: sleeps, and records what the pool asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await asyncio.sleep(seconds)
 
 
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -77,34 +99,43 @@ async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         await asyncio.sleep(0.05)
 
 
-def leased(http: httpx.Client) -> set[str]:
-    return {name for name, p in proxies(http).items() if p["leased"]}
+async def listed(http: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in (await http.get("/v1/proxies")).json()["proxies"]}
 
 
-def test_a_site_holds_its_leases_and_spreads_requests_over_them(
-    server: ServerThread, http: httpx.Client
-) -> None:
+async def leased(http: httpx.AsyncClient) -> set[str]:
+    return {name for name, p in (await listed(http)).items() if p["leased"]}
+
+
+def fake_health(running: Service) -> FakeHealth:
+    health = running._health
+    assert isinstance(health, FakeHealth)
+    return health
+
+
+def test_a_site_holds_its_leases_and_spreads_requests_over_them(tmp_path: Path) -> None:
     counts: Counter[str] = Counter()
 
     async def run() -> None:
-        leases = pool(server, counts, per_site=2, wait=0)
-        try:
-            used = [await leases.acquire("a.example") for _ in range(4)]
-            assert len({h.id for h in used}) == 2
-            assert [h.name for h in used[:2]] == [h.name for h in used[2:]]  # in turn
-            other = await leases.acquire("b.example")
-            assert other.name not in {h.name for h in used}
-            assert leased(http) == {"p0", "p1", "p2"}
-            # The fleet is taken: c.example gets nothing, at once (wait=0).
-            with pytest.raises(
-                NoProxyAvailable, match=r"no proxy for c\.example after waiting 0 s"
-            ):
-                await leases.acquire("c.example")
-        finally:
-            await leases.aclose()
+        async with service(tmp_path) as (http, _):
+            leases = pool(http, counts, per_site=2, wait=0)
+            try:
+                used = [await leases.acquire("a.example") for _ in range(4)]
+                assert len({h.id for h in used}) == 2
+                assert [h.name for h in used[:2]] == [h.name for h in used[2:]]  # in turn
+                other = await leases.acquire("b.example")
+                assert other.name not in {h.name for h in used}
+                assert await leased(http) == {"p0", "p1", "p2"}
+                # The fleet is taken: c.example gets nothing, at once (wait=0).
+                with pytest.raises(
+                    NoProxyAvailable, match=r"no proxy for c\.example after waiting 0 s"
+                ):
+                    await leases.acquire("c.example")
+            finally:
+                await leases.aclose()
+            assert await leased(http) == set()
 
     asyncio.run(run())
-    assert leased(http) == set()
     assert counts == {
         "leases/granted": 3,
         "leases/released": 3,
@@ -113,163 +144,260 @@ def test_a_site_holds_its_leases_and_spreads_requests_over_them(
     }
 
 
-def test_a_ban_rests_the_proxy_for_that_site_only(server: ServerThread, http: httpx.Client) -> None:
+def test_a_ban_rests_the_proxy_for_that_site_only(tmp_path: Path) -> None:
     async def run() -> None:
-        leases = pool(server, wait=0)
-        try:
-            first = await leases.acquire("shop.example")
-            assert await leases.blocked(first)
-            assert not await leases.blocked(first)  # a second ban of it (in flight): nothing more
-            assert leases.lookup(first.id) is None
-            again = await leases.acquire("shop.example")
-            assert again.name != first.name
-            # Another site may have the banned proxy.
-            names = {(await leases.acquire(site)).name for site in ("x.example", "y.example")}
-            assert first.name in names
-        finally:
-            await leases.aclose()
+        async with service(tmp_path) as (http, _):
+            leases = pool(http, wait=0)
+            try:
+                first = await leases.acquire("shop.example")
+                assert await leases.blocked(first)
+                assert not await leases.blocked(first)  # banned again (in flight): nothing more
+                assert leases.lookup(first.id) is None
+                again = await leases.acquire("shop.example")
+                assert again.name != first.name
+                # Another site may have the banned proxy.
+                sites = ("x.example", "y.example")
+                names = {(await leases.acquire(site)).name for site in sites}
+                assert first.name in names
+            finally:
+                await leases.aclose()
+            cooling = {
+                n: [c["target"] for c in p["cooldowns"]] for n, p in (await listed(http)).items()
+            }
+            assert sorted(cooling.values()) == [[], [], ["shop.example"]]
 
     asyncio.run(run())
-    cooling = {n: [c["target"] for c in p["cooldowns"]] for n, p in proxies(http).items()}
-    assert sorted(cooling.values()) == [[], [], ["shop.example"]]
 
 
 def test_waits_what_retry_after_says_then_gets_the_proxy(tmp_path: Path) -> None:
-    server = start_server(tmp_path, [4100])
-    try:
-        # Another crawler holds the only proxy for 1.5 s, without renewing.
-        with lease(server.url, holder="other", ttl=1.5, renew=False):
-            counts: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    sleeps = Sleeps()
 
-            async def run() -> tuple[Held, float]:
-                leases = pool(server, counts, wait=10)
-                started = time.monotonic()
-                try:
-                    held = await leases.acquire("shop.example")
-                    return held, time.monotonic() - started
-                finally:
-                    await leases.aclose()
-
-            held, waited = asyncio.run(run())
-    finally:
-        server.stop()
-    assert held.name == "p0"
-    assert 1.0 < waited < 4.0  # Retry-After: 2 (the other lease's expiry, rounded up)
-    assert counts["leases/denied"] == 1
-
-
-def test_renews_a_lease_in_use_past_its_ttl(server: ServerThread, http: httpx.Client) -> None:
     async def run() -> None:
-        leases = pool(server, ttl=1.2, idle=None)
-        try:
-            held = await leases.acquire("shop.example")
-            first_expiry = held.expires_at
-            await asyncio.sleep(3.0)
-            assert leases.lookup(held.id) is held
-            assert held.expires_at > first_expiry + 1
-            renewed = http.post(f"/v1/leases/{held.id}/renew")
-            assert renewed.status_code == 200  # still the service's, after 2.5 TTLs
-        finally:
-            await leases.aclose()
+        # Another crawler holds the only proxy for 2 s, without renewing.
+        async with (
+            service(tmp_path, [4100]) as (http, _),
+            alease(URL, "other", ttl=2, renew=False, http=http),
+        ):
+            leases = pool(http, counts, wait=10, sleep=sleeps)
+            try:
+                held = await leases.acquire("shop.example")
+            finally:
+                await leases.aclose()
+        assert held.name == "p0"
+
+    asyncio.run(run())
+    assert counts["leases/denied"] == 1
+    # Retry-After: 2 (the other lease's end), with up to 10 % of jitter.
+    assert 1.9 <= sleeps.asked[0] <= 2.2 + 0.01, sleeps.asked
+
+
+def test_renews_a_lease_in_use_past_its_ttl(tmp_path: Path) -> None:
+    async def run() -> None:
+        async with service(tmp_path) as (http, _):
+            leases = pool(http, ttl=1.2, idle=None)
+            try:
+                held = await leases.acquire("shop.example")
+                first_expiry = held.expires_at
+                await eventually(lambda: held.expires_at > first_expiry + 1)
+                assert leases.lookup(held.id) is held
+                renewed = await http.post(f"/v1/leases/{held.id}/renew")
+                assert renewed.status_code == 200  # still the service's
+            finally:
+                await leases.aclose()
 
     asyncio.run(run())
 
 
-def test_gives_back_a_lease_nobody_used_for_idle_seconds(
-    server: ServerThread, http: httpx.Client
-) -> None:
+def test_gives_back_a_lease_nobody_used_for_idle_seconds(tmp_path: Path) -> None:
     counts: Counter[str] = Counter()
 
     async def run() -> None:
-        leases = pool(server, counts, idle=0.4)
-        try:
-            held = await leases.acquire("shop.example")
-            busy = await leases.acquire("busy.example")  # in use (never done) the whole time
-            leases.done(held)
-            await eventually(lambda: counts["leases/released"] == 1)  # given back, answered
-            assert leases.lookup(held.id) is None
-            assert leases.lookup(busy.id) is busy
-            assert leased(http) == {busy.name}
-        finally:
-            await leases.aclose()
+        async with service(tmp_path) as (http, _):
+            leases = pool(http, counts, idle=0.4)
+            try:
+                held = await leases.acquire("shop.example")
+                busy = await leases.acquire("busy.example")  # in use (never done) the whole time
+                leases.done(held)
+                await eventually(lambda: counts["leases/released"] == 1)  # given back, answered
+                assert leases.lookup(held.id) is None
+                assert leases.lookup(busy.id) is busy
+                assert await leased(http) == {busy.name}
+            finally:
+                await leases.aclose()
 
     asyncio.run(run())
     assert counts["leases/idle"] == 1
     assert counts["leases/released"] == 2
 
 
-def test_a_lease_the_service_ended_is_dropped_and_replaced(
-    server: ServerThread, http: httpx.Client
-) -> None:
+def test_a_lease_the_service_ended_is_dropped_and_replaced(tmp_path: Path) -> None:
     counts: Counter[str] = Counter()
 
     async def run() -> None:
-        leases = pool(server, counts, ttl=1.0)  # the service's minimum
-        try:
-            held = await leases.acquire("shop.example")
-            assert http.delete(f"/v1/leases/{held.id}").status_code == 204  # behind its back
-            # The next renewal (at a third of 1 s) hears 404.
-            await eventually(lambda: leases.lookup(held.id) is None)
-            replacement = await leases.acquire("shop.example")
-            assert replacement.id != held.id
-        finally:
-            await leases.aclose()
+        async with service(tmp_path) as (http, _):
+            leases = pool(http, counts, ttl=1.0)  # the service's minimum
+            try:
+                held = await leases.acquire("shop.example")
+                assert (await http.delete(f"/v1/leases/{held.id}")).status_code == 204
+                # The next renewal (at a third of 1 s) hears 404.
+                await eventually(lambda: leases.lookup(held.id) is None)
+                replacement = await leases.acquire("shop.example")
+                assert replacement.id != held.id
+            finally:
+                await leases.aclose()
 
     asyncio.run(run())
     assert counts["leases/lost"] == 1
 
 
-def test_close_releases_every_lease_and_ends_the_pool(
-    server: ServerThread, http: httpx.Client
-) -> None:
+def test_close_releases_every_lease_and_ends_the_pool(tmp_path: Path) -> None:
     async def run() -> None:
-        leases = pool(server)
-        for site in ("a.example", "b.example", "c.example"):
-            await leases.acquire(site)
-        assert leased(http) == {"p0", "p1", "p2"}
-        await leases.aclose()
-        await leases.aclose()  # again: nothing
-        assert leased(http) == set()
-        with pytest.raises(PoolClosed):
-            await leases.acquire("a.example")
+        async with service(tmp_path) as (http, _):
+            leases = pool(http)
+            for site in ("a.example", "b.example", "c.example"):
+                await leases.acquire(site)
+            assert await leased(http) == {"p0", "p1", "p2"}
+            await leases.aclose()
+            await leases.aclose()  # again: nothing
+            assert await leased(http) == set()
+            with pytest.raises(PoolClosed):
+                await leases.acquire("a.example")
 
     asyncio.run(run())
 
 
-def test_an_unreachable_service_is_waited_for_then_named() -> None:
-    async def run() -> None:
-        leases = LeasePool(f"http://127.0.0.1:{free_port()}", holder="t", wait=1.2)
-        try:
-            await leases.acquire("shop.example")
-        finally:
-            await leases.aclose()
-
-    started = time.monotonic()
-    with pytest.raises(NoProxyAvailable, match="unreachable"):
-        asyncio.run(run())
-    assert time.monotonic() - started >= 1.2
-
-
 def test_a_refusal_that_waiting_cannot_change_is_raised_at_once(tmp_path: Path) -> None:
-    server = start_server(tmp_path, [4100], token="the-token-" + "x" * 30)
-    try:
+    sleeps = Sleeps()
 
-        async def run() -> None:
-            leases = LeasePool(server.url, holder="t", token="wrong", wait=30)
+    async def run() -> None:
+        async with service(tmp_path, [4100], token="the-token-" + "x" * 30) as (http, _):
+            leases = LeasePool(URL, holder="t", token="wrong", wait=30, http=http, sleep=sleeps)
             try:
                 await leases.acquire("shop.example")
             finally:
                 await leases.aclose()
 
-        started = time.monotonic()
-        with pytest.raises(Exception, match="401 unauthorized"):
-            asyncio.run(run())
-        assert time.monotonic() - started < 5
-    finally:
-        server.stop()
+    with pytest.raises(Exception, match="401 unauthorized"):
+        asyncio.run(run())
+    assert sleeps.asked == []  # never waited
 
 
-# -- the httpx transport when a proxy fails ----------------------------------------------------
+def test_an_unreachable_service_is_waited_for_then_named() -> None:
+    sleeps = Sleeps()
+
+    async def run() -> None:
+        leases = LeasePool(f"http://127.0.0.1:{free_port()}", holder="t", wait=1.2, sleep=sleeps)
+        try:
+            await leases.acquire("shop.example")
+        finally:
+            await leases.aclose()
+
+    with pytest.raises(NoProxyAvailable, match="unreachable"):
+        asyncio.run(run())
+    assert sum(sleeps.asked) >= 1.0, sleeps.asked  # asked again after a pause, until `wait`
+
+
+# -- the httpx transports when a proxy fails -------------------------------------------------
+
+
+def proxies_answering(by_port: dict[int, Callable[[httpx.Request], httpx.Response]]) -> Any:
+    """proxy_transport for the transports: each proxy (by its port) answers
+    through httpx.MockTransport; what each saw is kept."""
+    seen: dict[int, list[str]] = {port: [] for port in by_port}
+
+    def make(url: str) -> httpx.AsyncBaseTransport:
+        port = httpx.URL(url).port
+        assert port is not None
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            seen[port].append(request.url.path)
+            return by_port[port](request)
+
+        return httpx.MockTransport(handle)
+
+    make.seen = seen  # type: ignore[attr-defined]
+    return make
+
+
+def test_a_connection_error_through_a_proxy_is_reported_and_raised(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async def run() -> None:
+        async with service(tmp_path, [4100]) as (http, running):
+            transport = AsyncDiscoveryTransport(
+                URL, http=http, proxy_transport=proxies_answering({4100: refuse})
+            )
+            async with httpx.AsyncClient(transport=transport) as client:
+                with pytest.raises(httpx.ConnectError):
+                    await client.get("http://shop.example/")
+            assert [name for name, _ in fake_health(running).errors] == ["p0"]  # a failed probe
+            assert transport.stats["reports/error"] == 1
+            assert await leased(http) == set()
+
+    asyncio.run(run())
+
+
+def test_a_proxy_refusing_its_credentials_is_reported_and_the_next_one_used(
+    tmp_path: Path,
+) -> None:
+    proxy = proxies_answering(
+        {
+            4100: lambda r: httpx.Response(407),
+            4101: lambda r: httpx.Response(200, content=b"the page"),
+        }
+    )
+
+    async def run() -> None:
+        async with service(tmp_path, [4100, 4101]) as (http, _):
+            transport = AsyncDiscoveryTransport(URL, http=http, proxy_transport=proxy)
+            async with httpx.AsyncClient(transport=transport) as client:
+                answers = [await client.get(f"http://shop.example/{n}") for n in range(3)]
+            assert [(a.status_code, a.text) for a in answers] == [(200, "the page")] * 3
+            assert len(proxy.seen[4100]) <= 1 and len(proxy.seen[4101]) == 3
+            assert transport.stats["reports/error"] == len(proxy.seen[4100])
+
+    asyncio.run(run())
+
+
+def test_when_ban_retries_run_out_the_last_banned_answer_is_returned(tmp_path: Path) -> None:
+    def banned(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(403, content=b"banned")
+
+    proxy = proxies_answering({4100: banned, 4101: banned})
+
+    async def run() -> None:
+        async with service(tmp_path, [4100, 4101]) as (http, _):
+            transport = AsyncDiscoveryTransport(
+                URL, http=http, ban_retries=1, proxy_transport=proxy
+            )
+            async with httpx.AsyncClient(transport=transport) as client:
+                answer = await client.get("http://shop.example/")
+                assert (answer.status_code, answer.text) == (403, "banned")
+            assert [len(proxy.seen[port]) for port in (4100, 4101)] == [1, 1]
+            assert dict(transport.stats) == {
+                "requests": 2,
+                "bans": 2,
+                "retries": 1,
+                "retries/exhausted": 1,
+                "reports/blocked": 2,
+                "leases/granted": 2,
+                "leases/released": 2,
+            }
+            assert all(
+                [c["target"] for c in p["cooldowns"]] == ["shop.example"]
+                for p in (await listed(http)).values()
+            )
+
+    asyncio.run(run())
+
+
+# -- the sync transport over sockets: its own thread and loop, streamed bodies ----------------
+
+
+def start_server(tmp_path: Path, ports: list[int], **options: Any) -> ServerThread:
+    return ServerThread(fleet_settings(tmp_path, ports, **options)).start()
 
 
 class FakeProxy:
@@ -300,69 +428,6 @@ class FakeProxy:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def test_a_connection_error_through_a_proxy_is_reported_and_raised(tmp_path: Path) -> None:
-    server = start_server(tmp_path, [free_port()])  # healthy by verdict, nothing listens
-    try:
-        transport = DiscoveryTransport(server.url)
-        with httpx.Client(transport=transport) as client, pytest.raises(httpx.ConnectError):
-            client.get("http://shop.example/")
-        assert server.fake is not None
-        assert [name for name, _ in server.fake.errors] == ["p0"]  # counted as a failed probe
-        assert transport.stats["reports/error"] == 1
-        with httpx.Client(base_url=server.url) as http:
-            assert leased(http) == set()
-    finally:
-        server.stop()
-
-
-def test_a_proxy_refusing_its_credentials_is_reported_and_the_next_one_used(
-    tmp_path: Path,
-) -> None:
-    refusing, working = FakeProxy(407), FakeProxy(200, b"the page")
-    server = start_server(tmp_path, [refusing.port, working.port])
-    try:
-        transport = DiscoveryTransport(server.url)
-        with httpx.Client(transport=transport) as client:
-            answers = [client.get(f"http://shop.example/{n}") for n in range(3)]
-        assert [(a.status_code, a.text) for a in answers] == [(200, "the page")] * 3
-        assert len(refusing.requests) <= 1 and len(working.requests) == 3
-        assert transport.stats["reports/error"] == len(refusing.requests)
-    finally:
-        server.stop()
-        refusing.close()
-        working.close()
-
-
-def test_when_ban_retries_run_out_the_last_banned_answer_is_returned(tmp_path: Path) -> None:
-    banning = [FakeProxy(403, b"banned"), FakeProxy(403, b"banned")]
-    server = start_server(tmp_path, [p.port for p in banning])
-    try:
-        transport = DiscoveryTransport(server.url, ban_retries=1)
-        with httpx.Client(transport=transport) as client:
-            answer = client.get("http://shop.example/")
-            assert (answer.status_code, answer.text) == (403, "banned")
-            assert answer.elapsed.total_seconds() >= 0
-        assert [len(p.requests) for p in banning] == [1, 1]
-        assert dict(transport.stats) == {
-            "requests": 2,
-            "bans": 2,
-            "retries": 1,
-            "retries/exhausted": 1,
-            "reports/blocked": 2,
-            "leases/granted": 2,
-            "leases/released": 2,
-        }
-        with httpx.Client(base_url=server.url) as http:
-            listed = proxies(http)
-        assert all(
-            [c["target"] for c in p["cooldowns"]] == ["shop.example"] for p in listed.values()
-        )
-    finally:
-        server.stop()
-        for proxy in banning:
-            proxy.close()
 
 
 def test_a_body_read_for_the_ban_check_reaches_the_caller_whole(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
-"""Crawls through leased proxies, as crawler authors run them: a Scrapy spider
-(`python -m scrapy runspider`, a subprocess) with discovery.scrapy's
-middleware, and the httpx transports of discovery.httpx (sync and async),
-through three real squids listed as `external` proxies, with the real
-discovery service handing them out.
+"""Crawls through leased proxies, as crawler authors run them, with the
+crawler client installed as they install it (its wheel, `pip install`ed into
+a virtualenv of its own: tests/support/client_venv.py): a Scrapy spider
+(`python -m scrapy runspider`) with egress_proxies_client.scrapy's
+middleware, and the httpx transports (sync and async, tests/support/
+httpx_crawl.py), each run by that environment's Python, through three real
+squids listed as `external` proxies, with the real discovery service
+handing them out.
 
 The site bans each proxy's address after LIMIT pages, and the crawl needs
 PAGES > 2 * LIMIT of them: it completes only if the crawler rotates onto
@@ -14,22 +17,19 @@ held when the crawler is done.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
+import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from discovery.client import NoProxyAvailable
-from discovery.httpx import AsyncDiscoveryTransport, DiscoveryTransport
+from tests.support.client_venv import ClientVenv
+from tests.support.client_venv import client_dist as client_dist
+from tests.support.client_venv import client_venv as client_venv
 from tests.support.crawlsite import (
     PASSWORD,
     TOKEN,
@@ -48,6 +48,7 @@ PAGES = 40  # more than two proxies are allowed: a crawl needs the third
 IN_FLIGHT = 8  # concurrent requests per site (Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN)
 CAPTCHA = b"<html><p>Please solve this captcha to continue</p></html>\n"
 SPIDER = ROOT / "tests" / "support" / "crawl_spider.py"
+HTTPX_CRAWL = ROOT / "tests" / "support" / "httpx_crawl.py"
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,7 @@ def banning_site(squids: list[Proxy], ban: tuple[int, bytes] = (403, b"banned\n"
 
 
 def run_spider(
+    venv: ClientVenv,
     tmp_path: Path,
     service: ServiceProcess,
     site: BanningSite,
@@ -76,20 +78,16 @@ def run_spider(
     """(the finished process, items, Scrapy's stats, seconds)."""
     items = tmp_path / "items.jsonl"
     stats = tmp_path / "stats.json"
-    command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
+    command = ["-m", "scrapy", "runspider", str(SPIDER)]
     for key, value in {"base": site.base, "pages": str(pages), **(args or {})}.items():
         command += ["-a", f"{key}={value}"]
     for key, value in {"DISCOVERY_URL": service.url, **settings}.items():
         command += ["-s", f"{key}={value}"]
     command += ["-O", str(items)]
-    env = {
-        **os.environ,
-        "DISCOVERY_TOKEN": TOKEN,
-        "CRAWL_STATS_FILE": str(stats),
-        "PYTHONPATH": str(ROOT),
-    }
     started = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    done = venv.run(
+        *command, cwd=tmp_path, timeout=180, DISCOVERY_TOKEN=TOKEN, CRAWL_STATS_FILE=str(stats)
+    )
     seconds = time.monotonic() - started
     found = [json.loads(line) for line in items.read_text().splitlines()] if items.exists() else []
     numbers = json.loads(stats.read_text()) if stats.exists() else {}
@@ -121,11 +119,12 @@ def assert_rotated_past_bans(
 
 
 def test_scrapy_crawl_completes_only_by_rotating_past_bans(
-    tmp_path: Path, squids: list[Proxy]
+    client_venv: ClientVenv, tmp_path: Path, squids: list[Proxy]
 ) -> None:
     # The site's ban is a 200 with a captcha: only the body pattern catches it.
     with crawl_service(tmp_path, squids) as service, banning_site(squids, (200, CAPTCHA)) as site:
         done, items, stats, seconds = run_spider(
+            client_venv,
             tmp_path,
             service,
             site,
@@ -157,10 +156,11 @@ def test_scrapy_crawl_completes_only_by_rotating_past_bans(
 
 
 def test_scrapy_releases_every_lease_when_the_spider_fails(
-    tmp_path: Path, squids: list[Proxy]
+    client_venv: ClientVenv, tmp_path: Path, squids: list[Proxy]
 ) -> None:
     with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:
         done, _, stats, _ = run_spider(
+            client_venv,
             tmp_path,
             service,
             site,
@@ -178,10 +178,11 @@ def test_scrapy_releases_every_lease_when_the_spider_fails(
 
 
 def test_scrapy_fails_requests_it_has_no_proxy_for_and_sends_none_directly(
-    tmp_path: Path, squids: list[Proxy]
+    client_venv: ClientVenv, tmp_path: Path, squids: list[Proxy]
 ) -> None:
     with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:
         done, items, stats, seconds = run_spider(
+            client_venv,
             tmp_path,
             service,
             site,
@@ -200,10 +201,11 @@ def test_scrapy_fails_requests_it_has_no_proxy_for_and_sends_none_directly(
 
 
 def test_scrapy_stops_when_the_service_refuses_its_token(
-    tmp_path: Path, squids: list[Proxy]
+    client_venv: ClientVenv, tmp_path: Path, squids: list[Proxy]
 ) -> None:
     with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:
         done, items, stats, _ = run_spider(
+            client_venv,
             tmp_path,
             service,
             site,
@@ -217,13 +219,25 @@ def test_scrapy_stops_when_the_service_refuses_its_token(
     assert "not-the-token" not in done.stderr
 
 
-# -- httpx -----------------------------------------------------------------------------------
+# -- httpx ---------------------------------------------------------------------------------
 
 
-def check_pages(answers: list[httpx.Response]) -> None:
-    assert [a.status_code for a in answers] == [200] * PAGES
-    for page, answer in enumerate(answers):
-        assert answer.text.startswith(f"page {page} for 127.0.0."), answer.text
+def httpx_crawl(venv: ClientVenv, tmp_path: Path, **job: Any) -> dict[str, Any]:
+    """tests/support/httpx_crawl.py run by the client's environment from a
+    directory of its own (a script's directory comes first on its path); its answer."""
+    script = tmp_path / HTTPX_CRAWL.name
+    shutil.copyfile(HTTPX_CRAWL, script)
+    done = venv.run(str(script), json.dumps({"token": TOKEN, **job}), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert PASSWORD not in done.stdout + done.stderr  # proxy credentials never logged
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def check_pages(pages: list[list[Any]]) -> None:
+    assert [status for status, _ in pages] == [200] * PAGES
+    for page, (_, text) in enumerate(pages):
+        assert text.startswith(f"page {page} for 127.0.0."), text
 
 
 def check_stats(stats: dict[str, int], banned: set[str], squids: list[Proxy]) -> None:
@@ -235,51 +249,47 @@ def check_stats(stats: dict[str, int], banned: set[str], squids: list[Proxy]) ->
     assert stats["requests"] == PAGES + stats["retries"]
 
 
-def test_httpx_client_rotates_past_bans(tmp_path: Path, squids: list[Proxy]) -> None:
-    with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:  # 403s
-        transport = DiscoveryTransport(service.url, token=TOKEN)
+@pytest.mark.parametrize(
+    ("mode", "ban", "options"),
+    [
+        ("sync", (403, b"banned\n"), {}),
+        ("async", (429, b"slow down\n"), {"per_site": 2}),
+    ],
+)
+def test_httpx_clients_rotate_past_bans(
+    client_venv: ClientVenv,
+    tmp_path: Path,
+    squids: list[Proxy],
+    mode: str,
+    ban: tuple[int, bytes],
+    options: dict[str, Any],
+) -> None:
+    with crawl_service(tmp_path, squids) as service, banning_site(squids, ban) as site:
         started = time.monotonic()
-        with httpx.Client(transport=transport, timeout=20) as http:
-            with ThreadPoolExecutor(IN_FLIGHT) as pool:
-                answers = list(pool.map(lambda n: http.get(f"{site.base}/page/{n}"), range(PAGES)))
-            assert transport.pool.leases(), "leases are held while the client is open"
-        seconds = time.monotonic() - started
-        check_pages(answers)
-        banned = assert_rotated_past_bans(site, squids, service)
-    print(f"\nhttpx (sync, {IN_FLIGHT} threads) crawl of {PAGES} pages: {seconds:.1f} s")
-    check_stats(dict(transport.stats), banned, squids)
-
-
-def test_httpx_async_client_rotates_past_bans(tmp_path: Path, squids: list[Proxy]) -> None:
-    too_many = (429, b"slow down\n")
-    with crawl_service(tmp_path, squids) as service, banning_site(squids, too_many) as site:
-        transport = AsyncDiscoveryTransport(service.url, token=TOKEN, per_site=2)
-
-        async def crawl() -> list[httpx.Response]:
-            gate = asyncio.Semaphore(IN_FLIGHT)
-            async with httpx.AsyncClient(transport=transport, timeout=20) as http:
-
-                async def get(page: int) -> httpx.Response:
-                    async with gate:
-                        return await http.get(f"{site.base}/page/{page}")
-
-                return await asyncio.gather(*(get(n) for n in range(PAGES)))
-
-        started = time.monotonic()
-        answers = asyncio.run(crawl())
-        seconds = time.monotonic() - started
-        check_pages(answers)
-        banned = assert_rotated_past_bans(site, squids, service)
-    print(f"\nhttpx (async, {IN_FLIGHT} at once) crawl of {PAGES} pages: {seconds:.1f} s")
-    check_stats(dict(transport.stats), banned, squids)
-
-
-def test_httpx_client_raises_when_no_proxy_can_be_had(tmp_path: Path, squids: list[Proxy]) -> None:
-    with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:
-        transport = DiscoveryTransport(
-            service.url, token=TOKEN, labels={"pool": "nowhere"}, wait=1.0
+        crawled = httpx_crawl(
+            client_venv,
+            tmp_path,
+            mode=mode,
+            service=service.url,
+            base=site.base,
+            pages=PAGES,
+            in_flight=IN_FLIGHT,
+            options=options,
         )
-        with httpx.Client(transport=transport) as http, pytest.raises(NoProxyAvailable) as caught:
-            http.get(f"{site.base}/page/0")
-        assert "no proxy for 127.0.0.1 after waiting 1 s" in str(caught.value)
+        seconds = time.monotonic() - started
+        check_pages(crawled["pages"])
+        assert crawled["held_while_open"], "leases are held while the client is open"
+        banned = assert_rotated_past_bans(site, squids, service)
+    print(f"\nhttpx ({mode}, {IN_FLIGHT} in flight) crawl of {PAGES} pages: {seconds:.1f} s")
+    check_stats(crawled["stats"], banned, squids)
+
+
+def test_httpx_client_raises_when_no_proxy_can_be_had(
+    client_venv: ClientVenv, tmp_path: Path, squids: list[Proxy]
+) -> None:
+    with crawl_service(tmp_path, squids) as service, banning_site(squids) as site:
+        crawled = httpx_crawl(
+            client_venv, tmp_path, mode="nowhere", service=service.url, base=site.base
+        )
+        assert "no proxy for 127.0.0.1 after waiting 1 s" in crawled["error"]
         assert site.direct == 0 and not site.served

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from discovery.client import NoProxyAvailable, lease
 from discovery.database import PostgresUrl
+from egress_proxies_client import NoProxyAvailable, lease
 from health.model import Health
 from tests.support.discovery import ServerThread, proxy_entry, settings_for, wait_for, write_fleet
 from tests.support.postgres import postgres as postgres

@@ -4,7 +4,7 @@ The proxy image of scripts/build-proxy-image served over HTTP; the real
 Pulumi CLI (`pulumi up` of a stack of the project's program) brings up two
 proxy VMs on the testbed, cloud-init configures squid from the seed ISO; the discovery
 service runs on the exported manifest, its health engine CONNECTs through both
-VMs; a crawler with `discovery.client` leases one, fetches an HTTPS page
+VMs; a crawler with `egress_proxies_client` leases one, fetches an HTTPS page
 through it (the page server sees the VM's address), reports it blocked and
 releases it; an immediate grant for that target is refused (409) while the
 other VM is still leased; the stack is destroyed and the host holds no domain,
@@ -29,7 +29,7 @@ import httpx
 import libvirt
 import pytest
 
-from discovery.client import NoProxyAvailable, lease
+from egress_proxies_client import NoProxyAvailable, lease
 from proxyinfra.names import base_volume, proxy_id
 from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
 from tests.support.http import FileServer

@@ -27,8 +27,9 @@ from scrapy.statscollectors import MemoryStatsCollector, StatsT
 class SiteSpider(scrapy.Spider):
     name = "site"
     custom_settings = {
-        "DOWNLOADER_MIDDLEWARES": {"discovery.scrapy.DiscoveryProxyMiddleware": 610},
-        "STATS_CLASS": "tests.support.crawl_spider.JsonStats",
+        "DOWNLOADER_MIDDLEWARES": {"egress_proxies_client.scrapy.DiscoveryProxyMiddleware": 610},
+        # The module as runspider loads it (by its file name, the project not on the path).
+        "STATS_CLASS": "crawl_spider.JsonStats",
         "TELNETCONSOLE_ENABLED": False,
         "REMOTE_CONTROL_ENABLED": False,
         "COOKIES_ENABLED": False,

@@ -1,4 +1,4 @@
-"""Ban detection (discovery.rotation.BanPolicy), sites, and how the Scrapy
+"""Ban detection (egress_proxies_client.BanPolicy), sites, and how the Scrapy
 middleware reads its policy and settings."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
 
-from discovery.rotation import BanPolicy, _target, needs_body, site_of
-from discovery.scrapy import DiscoveryProxyMiddleware, ban_policy
+from egress_proxies_client._bans import BanPolicy, needs_body, site_of, target_of
+from egress_proxies_client.scrapy import DiscoveryProxyMiddleware, ban_policy
 from tests.support.programs import ROOT
 
 NO_HEADERS: dict[str, str] = {}
@@ -99,8 +99,8 @@ def test_a_url_without_a_host_has_no_site() -> None:
 
 
 def test_an_ipv6_site_goes_to_the_service_in_brackets() -> None:
-    assert _target("2001:db8::1") == "[2001:db8::1]"
-    assert _target("shop.example") == "shop.example"
+    assert target_of("2001:db8::1") == "[2001:db8::1]"
+    assert target_of("shop.example") == "shop.example"
 
 
 # -- Scrapy settings -------------------------------------------------------------------------
@@ -173,8 +173,8 @@ def test_the_core_never_loads_scrapy() -> None:
     # The import contract (pyproject.toml) in one process: the service, the
     # client and the httpx transports start without Scrapy or Twisted.
     code = (
-        "import sys, discovery.app, discovery.cli, discovery.client, discovery.httpx, "
-        "discovery.rotation, health.engine, proxyinfra.program; "
+        "import sys, discovery.app, discovery.cli, egress_proxies_client, health.engine, "
+        "proxyinfra.program; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('scrapy', 'twisted')))"
     )
     done = subprocess.run(

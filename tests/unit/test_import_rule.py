@@ -14,7 +14,7 @@ import pytest
 from tests.support.programs import ROOT
 
 LINT = ROOT / ".venv" / "bin" / "lint-imports"
-PACKAGES = ("proxyinfra", "providers", "discovery", "health")
+PACKAGES = ("proxyinfra", "providers", "discovery", "health", "client")
 
 
 def lint(root: Path) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": f"{root}:{root}/client/src", "PATH": "/usr/bin:/bin"},
     )
 
 
@@ -55,14 +55,24 @@ def test_this_checkout_keeps_every_contract() -> None:
             "the discovery service and the health engine know no backend (only the manifest) BROKEN",
         ),
         (
-            "discovery/rotation.py",
+            "client/src/egress_proxies_client/_pool.py",
             "import scrapy",
-            "only the Scrapy middleware imports Scrapy: the core and the service never do BROKEN",
+            "only the client's Scrapy middleware imports Scrapy BROKEN",
         ),
         (
             "discovery/fleet.py",
-            "import discovery.scrapy",
-            "only the Scrapy middleware imports Scrapy: the core and the service never do BROKEN",
+            "import egress_proxies_client.scrapy",
+            "only the client's Scrapy middleware imports Scrapy BROKEN",
+        ),
+        (
+            "client/src/egress_proxies_client/_api.py",
+            "import discovery.book.views",
+            "the crawler client knows nothing of the infrastructure BROKEN",
+        ),
+        (
+            "discovery/app.py",
+            "import egress_proxies_client",
+            "the service and the Pulumi program never import the crawler client BROKEN",
         ),
         (
             "discovery/sqlite/book.py",
@@ -82,7 +92,7 @@ def test_this_checkout_keeps_every_contract() -> None:
         (
             "health/engine.py",
             "from twisted.internet import reactor",
-            "only the Scrapy middleware imports Scrapy: the core and the service never do BROKEN",
+            "only the client's Scrapy middleware imports Scrapy BROKEN",
         ),
     ],
 )

@@ -1,126 +1,40 @@
 """Proxies per site for crawlers: leases held per target host, rotated on bans.
 
-The part that the Scrapy middleware (`discovery.scrapy`) and the httpx
-transports (`discovery.httpx`) share; it imports neither Scrapy nor Twisted.
+What the Scrapy middleware (`egress_proxies_client.scrapy`) and the httpx
+transports share; it imports neither Scrapy nor Twisted.
 
-- :class:`BanPolicy` decides whether an answer means "this site banned this
-  proxy": by default a 403, 429 or 503, or a body matching a pattern.
-- :class:`LeasePool` (asyncio) holds up to `per_site` leases for each site
-  (a target's host name), each leased *for that site*, so the service skips
-  proxies cooling down for it. A banned proxy is reported `blocked` for the
-  site and released (the service then rests it for that site); a proxy that
-  failed (connection refused, reset, timeout) is reported `error` and
-  released. Leases are renewed in the background at a third of their time,
-  given back after `idle` seconds unused, and all released by `aclose()`.
-  While nothing is free it waits what the service's Retry-After says, up to
-  `wait` seconds, then raises `discovery.client.NoProxyAvailable`: a request
-  never goes out without a proxy.
+:class:`LeasePool` (asyncio) holds up to `per_site` leases for each site (a
+target's host name), each leased *for that site*, so the service skips
+proxies cooling down for it. A banned proxy is reported `blocked` for the
+site and released (the service then rests it for that site); a proxy that
+failed (connection refused, reset, timeout) is reported `error` and
+released. Leases are renewed in the background at a third of their time,
+given back after `idle` seconds unused, and all released by `aclose()`.
+While nothing is free it waits what the service's Retry-After says, up to
+`wait` seconds, then raises NoProxyAvailable: a request never goes out
+without a proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import random
-import re
-import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import httpx
 
-from discovery.client import DiscoveryError, NoProxyAvailable, Outcome, _raise_for
+from egress_proxies_client._api import LeaseApi
+from egress_proxies_client._bans import target_of
+from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable, PoolClosed
+from egress_proxies_client._protocol import Denied, Outcome, grant_body, selector
 
-logger = logging.getLogger("discovery.rotation")
+logger = logging.getLogger("egress_proxies_client")
 
-DEFAULT_BAN_STATUSES: tuple[int, ...] = (403, 429, 503)
-# The proxy refused our credentials: the proxy's fault, not the site's.
-PROXY_AUTH_REQUIRED = 407
-_TIMEOUT = httpx.Timeout(10.0)
 # Pause after the service could not be reached before asking again.
 _UNREACHABLE_PAUSE = 1.0
-
-
-# -- ban detection ---------------------------------------------------------------------------
-
-
-class BanDetector(Protocol):
-    """What a replacement policy must provide."""
-
-    def is_ban(self, status: int, headers: Mapping[str, str], body: bytes) -> bool:
-        """True when this answer means the site refuses this proxy."""
-        ...
-
-
-class BanPolicy:
-    """The default ban detection: some statuses, or a body that matches a pattern.
-
-    `headers` are the answer's headers with case-insensitive str keys (a
-    subclass may look at them, e.g. `cf-mitigated`). `needs_body` tells the
-    httpx transports to read the whole body before deciding (Scrapy always
-    has it); a subclass that looks at the body sets it.
-    """
-
-    def __init__(
-        self,
-        statuses: Iterable[int] = DEFAULT_BAN_STATUSES,
-        body_pattern: str | bytes | re.Pattern[bytes] | None = None,
-    ) -> None:
-        self.statuses = frozenset(int(s) for s in statuses)
-        if isinstance(body_pattern, str):
-            body_pattern = body_pattern.encode()
-        if isinstance(body_pattern, bytes):
-            body_pattern = re.compile(body_pattern) if body_pattern else None
-        self.body_pattern: re.Pattern[bytes] | None = body_pattern
-
-    @property
-    def needs_body(self) -> bool:
-        return self.body_pattern is not None
-
-    def is_ban(self, status: int, headers: Mapping[str, str], body: bytes) -> bool:
-        if status in self.statuses:
-            return True
-        return self.body_pattern is not None and self.body_pattern.search(body) is not None
-
-    def __repr__(self) -> str:
-        pattern = self.body_pattern.pattern if self.body_pattern is not None else None
-        return f"BanPolicy(statuses={sorted(self.statuses)}, body_pattern={pattern!r})"
-
-
-def needs_body(policy: BanDetector) -> bool:
-    """Whether `policy` looks at bodies (a policy that does not say is assumed to)."""
-    return bool(getattr(policy, "needs_body", True))
-
-
-# -- sites -----------------------------------------------------------------------------------
-
-
-def site_of(url: str | httpx.URL) -> str:
-    """The site a URL belongs to: its host name, lower-cased (IPv6 without brackets).
-    Leases, cooldowns and bans are per site."""
-    host = url.host if isinstance(url, httpx.URL) else urlsplit(url).hostname
-    if not host:
-        raise ValueError(f"{str(url)!r} has no host name: no site to lease a proxy for")
-    return host.lower().rstrip(".")
-
-
-def _target(site: str) -> str:
-    # The service takes a URL or a host name; an IPv6 literal needs its brackets.
-    return f"[{site}]" if ":" in site else site
-
-
-def default_holder(kind: str) -> str:
-    """`kind@host:pid`: who holds the leases, as the service's debug log shows it."""
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
-
-
-# -- the pool --------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -155,10 +69,6 @@ Counter = Callable[[str, int], None]
 
 def _no_count(key: str, n: int) -> None:
     pass
-
-
-class PoolClosed(RuntimeError):
-    """The pool was closed: no more leases."""
 
 
 class LeasePool:
@@ -197,19 +107,14 @@ class LeasePool:
         self.base_url = base_url
         self.holder = holder
         self.token = token if token is not None else os.environ.get("DISCOVERY_TOKEN")
-        self.selector: dict[str, Any] = {
-            k: dict(v) if isinstance(v, Mapping) else v
-            for k, v in (("provider", provider), ("zone", zone), ("labels", labels))
-            if v is not None
-        }
+        self.selector = selector(provider, zone, labels)
         self.ttl = ttl
         self.per_site = per_site
         self.wait = wait
         self.idle = idle
         self._count = count
         self._on_drop = on_drop
-        self._http = http
-        self._own_http = http is None
+        self._api = LeaseApi(base_url, token=self.token, http=http)
         self._sleep = sleep
         self._sites: dict[str, _Site] = {}
         self._by_id: dict[str, Held] = {}
@@ -296,22 +201,13 @@ class LeasePool:
             await asyncio.gather(*keepers, return_exceptions=True)  # cancelled: let them end
             await asyncio.gather(*(self._release(lease) for lease in held))
         finally:
-            if self._own_http and self._http is not None:
-                await self._http.aclose()
+            await self._api.aclose()
 
     # -- internals -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise PoolClosed("the lease pool is closed")
-
-    def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._http = httpx.AsyncClient(
-                base_url=self.base_url, headers=headers, timeout=_TIMEOUT
-            )
-        return self._http
 
     def _use(self, state: _Site) -> Held:
         held = min(state.leases, key=lambda h: (h.in_flight, h.uses))
@@ -321,45 +217,33 @@ class LeasePool:
         return held
 
     async def _grant(self, site: str, state: _Site) -> Held | None:
-        body: dict[str, Any] = {"holder": self.holder, "target": _target(site)}
-        if self.ttl is not None:
-            body["ttlSeconds"] = self.ttl
-        if self.selector:
-            body["selector"] = self.selector
+        body = grant_body(self.holder, target=target_of(site), ttl=self.ttl, chosen=self.selector)
         try:
-            answer = await self._client().post("/v1/leases", json=body)
+            answer = await self._api.grant(body)
         except httpx.TransportError as exc:
             state.retry_after = _UNREACHABLE_PAUSE
             state.retry_at = time.monotonic() + _UNREACHABLE_PAUSE
             state.detail = f"the discovery service at {self.base_url} is unreachable ({exc!r})"
             logger.warning("%s", state.detail)
             return None
-        if answer.status_code == 409:
-            try:
-                retry_after = max(0.1, float(answer.headers.get("retry-after", "1")))
-            except ValueError:
-                retry_after = 1.0
-            detail = ""
-            with contextlib.suppress(ValueError):
-                detail = str(answer.json().get("detail", ""))
-            # A little jitter, so crawlers told the same Retry-After do not all come back at once.
-            state.retry_after = retry_after
-            state.retry_at = time.monotonic() + retry_after * (1 + 0.1 * random.random())
-            state.detail = detail
+        if isinstance(answer, Denied):
+            state.retry_after, state.detail = answer.retry_after, answer.detail
+            state.retry_at = time.monotonic() + answer.pause()
             self._count("leases/denied", 1)
-            logger.info("no proxy for %s now (%s); next try in %g s", site, detail, retry_after)
+            logger.info(
+                "no proxy for %s now (%s); next try in %g s",
+                site,
+                answer.detail,
+                answer.retry_after,
+            )
             return None
-        _raise_for(answer)
-        data = answer.json()
-        now = time.time()
-        expires = _epoch(data["expiresAt"])
         held = Held(
-            id=data["id"],
+            id=answer.id,
             site=site,
-            name=data["proxy"]["name"],
-            url=data["proxy"]["url"],
-            expires_at=expires,
-            ttl=max(1.0, expires - now),
+            name=answer.name,
+            url=answer.url,
+            expires_at=answer.expires_at,
+            ttl=max(1.0, answer.expires_at - time.time()),
         )
         state.retry_at = 0.0
         self._count("leases/granted", 1)
@@ -388,27 +272,20 @@ class LeasePool:
 
     async def _renew(self, held: Held) -> None:
         try:
-            answer = await self._client().post(f"/v1/leases/{held.id}/renew")
-        except httpx.TransportError as exc:
-            logger.warning("renewing the lease of %s failed (%r); trying again", held.name, exc)
+            renewed = await self._api.renew(held.id)
+        except (httpx.TransportError, DiscoveryError) as exc:
+            logger.warning("renewing the lease of %s failed (%s); trying again", held.name, exc)
             held.renewed_at = time.time() - held.ttl / 3 + min(held.ttl / 6, 5.0)
             return
-        if answer.status_code == 404:
+        if renewed is None:
             self._forget(held)
             self._count("leases/lost", 1)
             logger.warning(
                 "the lease of %s for %s ended (expired or revoked)", held.name, held.site
             )
             return
-        try:
-            _raise_for(answer)
-        except DiscoveryError as exc:
-            logger.warning("renewing the lease of %s failed (%s); trying again", held.name, exc)
-            held.renewed_at = time.time() - held.ttl / 3 + min(held.ttl / 6, 5.0)
-            return
-        data = answer.json()
-        held.url = data["proxy"]["url"]  # the proxy may have moved
-        held.expires_at = _epoch(data["expiresAt"])
+        held.url = renewed.url  # the proxy may have moved
+        held.expires_at = renewed.expires_at
         held.renewed_at = time.time()
 
     async def _give_up(self, held: Held, outcome: Outcome) -> bool:
@@ -423,12 +300,7 @@ class LeasePool:
         else:
             logger.warning("proxy %s failed for %s: reported, using another", held.name, held.site)
         try:
-            answer = await self._client().post(
-                f"/v1/leases/{held.id}/report",
-                json={"outcome": outcome, "target": _target(held.site)},
-            )
-            if answer.status_code != 404:
-                _raise_for(answer)
+            await self._api.report(held.id, outcome, target_of(held.site))
         except (DiscoveryError, httpx.TransportError) as exc:
             logger.warning("reporting %s for %s failed: %s", outcome, held.name, exc)
         await self._release(held)
@@ -451,14 +323,8 @@ class LeasePool:
 
     async def _release(self, held: Held) -> None:
         try:
-            answer = await self._client().delete(f"/v1/leases/{held.id}")
-            if answer.status_code != 404:
-                _raise_for(answer)
+            await self._api.release(held.id)
             self._count("leases/released", 1)
         except (DiscoveryError, httpx.TransportError) as exc:
             # The lease then ends at its expiry.
             logger.warning("releasing the lease of %s failed: %s", held.name, exc)
-
-
-def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -1,6 +1,6 @@
 """A Scrapy downloader middleware that sends every request through a leased proxy.
 
-    DOWNLOADER_MIDDLEWARES = {"discovery.scrapy.DiscoveryProxyMiddleware": 610}
+    DOWNLOADER_MIDDLEWARES = {"egress_proxies_client.scrapy.DiscoveryProxyMiddleware": 610}
     DISCOVERY_URL = "http://10.0.0.2:8080"          # the token: DISCOVERY_TOKEN or $DISCOVERY_TOKEN
 
 For each request the middleware takes a lease *for the request's site* (its
@@ -13,8 +13,9 @@ request again through another one; a connection error is reported as
 `error`. Leases are renewed while in use and all released when the spider
 closes. docs/crawlers.md has every setting.
 
-Only this module of the project imports Scrapy (import-linter holds the core
-to that); it needs Scrapy's asyncio reactor (its default).
+Only this module of the package imports Scrapy (`pip install
+egress-proxies-client[scrapy]`; import-linter holds the rest to that); it
+needs Scrapy's asyncio reactor (its default).
 """
 
 from __future__ import annotations
@@ -30,17 +31,16 @@ from scrapy.http import Request, Response
 from scrapy.utils.asyncio import is_asyncio_available
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from discovery.client import DiscoveryError
-from discovery.rotation import (
+from egress_proxies_client._bans import (
     DEFAULT_BAN_STATUSES,
     PROXY_AUTH_REQUIRED,
     BanDetector,
     BanPolicy,
-    LeasePool,
-    PoolClosed,
     default_holder,
     site_of,
 )
+from egress_proxies_client._errors import DiscoveryError, PoolClosed
+from egress_proxies_client._pool import LeasePool
 
 if TYPE_CHECKING:
     from typing import Self
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
-logger = logging.getLogger("discovery.scrapy")
+logger = logging.getLogger("egress_proxies_client.scrapy")
 
 # request.meta keys
 META_LEASE = "discovery_lease"  # the lease id the request went through (None while waiting)
@@ -68,8 +68,9 @@ DEFAULT_ERROR_EXCEPTIONS = (
     "twisted.internet.error.ConnectionDone",
     "scrapy.core.downloader.handlers.http11.TunnelError",
 )
-# Answers of the service that no waiting will change: the crawl stops.
-_FATAL_STATUSES = frozenset({400, 401})
+# Answers of the service that no waiting will change: the crawl stops (429:
+# the service brakes an address after wrong tokens).
+_FATAL_STATUSES = frozenset({400, 401, 429})
 
 
 def ban_policy(crawler: Crawler) -> BanDetector:

@@ -1,0 +1,42 @@
+"""Proxies from an egress-proxies discovery service, for crawlers.
+
+Three ways in (README.md): `lease()` / `alease()` for one proxy over a
+block of code; `DiscoveryTransport` / `AsyncDiscoveryTransport` for httpx
+clients that rotate per site on bans; and the Scrapy middleware
+`egress_proxies_client.scrapy.DiscoveryProxyMiddleware` (the `[scrapy]`
+extra). `LeasePool` is what the last two share.
+"""
+
+from egress_proxies_client._bans import BanDetector, BanPolicy, site_of
+from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable, PoolClosed
+from egress_proxies_client._lease import AsyncLease, Lease, LeaseOptions, alease, lease
+from egress_proxies_client._pool import Held, LeasePool
+from egress_proxies_client._protocol import Outcome
+from egress_proxies_client._transport import (
+    AsyncDiscoveryTransport,
+    DiscoveryTransport,
+    RotationOptions,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncDiscoveryTransport",
+    "AsyncLease",
+    "BanDetector",
+    "BanPolicy",
+    "DiscoveryError",
+    "DiscoveryTransport",
+    "Held",
+    "Lease",
+    "LeaseOptions",
+    "LeasePool",
+    "NoProxyAvailable",
+    "Outcome",
+    "PoolClosed",
+    "RotationOptions",
+    "__version__",
+    "alease",
+    "lease",
+    "site_of",
+]

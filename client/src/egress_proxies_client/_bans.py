@@ -1,0 +1,83 @@
+"""What counts as a ban, and whom a lease is for: the site (a URL's host)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+DEFAULT_BAN_STATUSES: tuple[int, ...] = (403, 429, 503)
+# The proxy refused our credentials: the proxy's fault, not the site's.
+PROXY_AUTH_REQUIRED = 407
+
+
+class BanDetector(Protocol):
+    """What a replacement policy must provide."""
+
+    def is_ban(self, status: int, headers: Mapping[str, str], body: bytes) -> bool:
+        """True when this answer means the site refuses this proxy."""
+        ...
+
+
+class BanPolicy:
+    """The default ban detection: some statuses, or a body that matches a pattern.
+
+    `headers` are the answer's headers with case-insensitive str keys (a
+    subclass may look at them, e.g. `cf-mitigated`). `needs_body` tells the
+    httpx transports to read the whole body before deciding (Scrapy always
+    has it); a subclass that looks at the body sets it.
+    """
+
+    def __init__(
+        self,
+        statuses: Iterable[int] = DEFAULT_BAN_STATUSES,
+        body_pattern: str | bytes | re.Pattern[bytes] | None = None,
+    ) -> None:
+        self.statuses = frozenset(int(s) for s in statuses)
+        if isinstance(body_pattern, str):
+            body_pattern = body_pattern.encode()
+        if isinstance(body_pattern, bytes):
+            body_pattern = re.compile(body_pattern) if body_pattern else None
+        self.body_pattern: re.Pattern[bytes] | None = body_pattern
+
+    @property
+    def needs_body(self) -> bool:
+        return self.body_pattern is not None
+
+    def is_ban(self, status: int, headers: Mapping[str, str], body: bytes) -> bool:
+        if status in self.statuses:
+            return True
+        return self.body_pattern is not None and self.body_pattern.search(body) is not None
+
+    def __repr__(self) -> str:
+        pattern = self.body_pattern.pattern if self.body_pattern is not None else None
+        return f"BanPolicy(statuses={sorted(self.statuses)}, body_pattern={pattern!r})"
+
+
+def needs_body(policy: BanDetector) -> bool:
+    """Whether `policy` looks at bodies (a policy that does not say is assumed to)."""
+    return bool(getattr(policy, "needs_body", True))
+
+
+def site_of(url: str | httpx.URL) -> str:
+    """The site a URL belongs to: its host name, lower-cased (IPv6 without brackets).
+    Leases, cooldowns and bans are per site."""
+    host = url.host if isinstance(url, httpx.URL) else urlsplit(url).hostname
+    if not host:
+        raise ValueError(f"{str(url)!r} has no host name: no site to lease a proxy for")
+    return host.lower().rstrip(".")
+
+
+def target_of(site: str) -> str:
+    """The service's `target` for a site (an IPv6 literal needs its brackets)."""
+    return f"[{site}]" if ":" in site else site
+
+
+def default_holder(kind: str) -> str:
+    """`kind@host:pid`: who holds the leases, as the service's debug log shows it."""
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}"

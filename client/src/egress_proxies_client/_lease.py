@@ -1,0 +1,206 @@
+"""One lease for the length of a block, async (`alease`) and sync (`lease`).
+
+    async with alease(URL, holder="crawler-7", target="https://shop.example/") as proxy:
+        answer = await client.get("https://shop.example/", proxy=proxy.url)   # your client
+        if answer.status_code == 403:
+            await proxy.report("blocked")     # this proxy cools down for shop.example
+
+    with lease(URL, holder="crawler-7", target="https://shop.example/") as proxy:
+        ...                                   # the same, for threads: proxy.report("blocked")
+
+While nothing is free (409) it waits what Retry-After says, up to `wait`
+seconds; it renews the lease at a third of what is left; it releases it when
+the block ends, also on an exception. The token defaults to
+$DISCOVERY_TOKEN. `lease()` is `alease()` run on an event loop in a thread
+of its own: one implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypedDict, Unpack
+
+import httpx
+
+from egress_proxies_client._api import LeaseApi
+from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable
+from egress_proxies_client._loop import LoopThread
+from egress_proxies_client._protocol import Denied, Granted, Outcome, grant_body, selector
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class LeaseOptions(TypedDict, total=False):
+    target: str | None  # a URL or host name: the lease is for that site
+    ttl: float | None  # seconds; the service's maximum when not given
+    provider: str | None
+    zone: str | None
+    labels: Mapping[str, str] | None
+    token: str | None  # default $DISCOVERY_TOKEN
+    wait: float  # how long to wait while nothing is free (default 300 s)
+    renew: bool  # renew in the background (default True)
+
+
+@dataclass
+class AsyncLease:
+    """A granted lease. `url` carries the proxy's credentials: do not log it."""
+
+    id: str
+    holder: str
+    name: str
+    url: str = field(repr=False)
+    expires_at: datetime
+    target: str | None
+    _api: LeaseApi = field(repr=False)
+    lost: bool = False  # the service said the lease is gone (expired, proxy left the fleet)
+
+    async def report(self, outcome: Outcome, target: str | None = None) -> None:
+        """Tells the service how the proxy did; `target` defaults to the lease's."""
+        await self._api.report(self.id, outcome, target or self.target)
+
+    async def renew(self, ttl: float | None = None) -> None:
+        renewed = await self._api.renew(self.id, ttl)
+        if renewed is None:
+            self.lost = True
+            raise DiscoveryError(404, "lease_not_found", "the lease has ended")
+        self._update(renewed)
+
+    def _update(self, granted: Granted) -> None:
+        self.url = granted.url  # the proxy may have moved
+        self.expires_at = datetime.fromtimestamp(granted.expires_at, UTC)
+
+    def seconds_left(self) -> float:
+        return self.expires_at.timestamp() - time.time()
+
+
+@asynccontextmanager
+async def alease(
+    base_url: str,
+    holder: str,
+    *,
+    http: httpx.AsyncClient | None = None,
+    sleep: Sleep = asyncio.sleep,
+    **options: Unpack[LeaseOptions],
+) -> AsyncIterator[AsyncLease]:
+    """Holds a lease for the `async with` block (see the module's doc)."""
+    token = options.get("token")
+    api = LeaseApi(
+        base_url, token=token if token is not None else os.environ.get("DISCOVERY_TOKEN"), http=http
+    )
+    target = options.get("target")
+    try:
+        body = grant_body(
+            holder,
+            target=target,
+            ttl=options.get("ttl"),
+            chosen=selector(options.get("provider"), options.get("zone"), options.get("labels")),
+        )
+        got = await _grant_waiting(api, body, options.get("wait", 300.0), sleep)
+        handle = AsyncLease(got.id, got.holder, got.name, got.url, datetime.now(UTC), target, api)
+        handle._update(got)
+        renewer = None
+        if options.get("renew", True):
+            renewer = asyncio.get_running_loop().create_task(_renew_loop(handle, sleep))
+        try:
+            yield handle
+        except BaseException:
+            # The block's own exception is what the caller must see, not a failed release.
+            await _release(handle, renewer, quiet=True)
+            raise
+        await _release(handle, renewer, quiet=False)
+    finally:
+        await api.aclose()
+
+
+async def _grant_waiting(
+    api: LeaseApi, body: dict[str, object], wait: float, sleep: Sleep
+) -> Granted:
+    deadline = time.monotonic() + wait
+    while True:
+        answer = await api.grant(body)
+        if not isinstance(answer, Denied):
+            return answer
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NoProxyAvailable(answer.detail, answer.retry_after)
+        await sleep(min(left, answer.pause()))
+
+
+async def _renew_loop(handle: AsyncLease, sleep: Sleep) -> None:
+    while True:
+        # A third of what is left: two more chances before it runs out.
+        await sleep(max(0.2, handle.seconds_left() / 3))
+        try:
+            await handle.renew()
+        except DiscoveryError:
+            if handle.lost:
+                return
+        except httpx.TransportError:
+            if handle.seconds_left() <= 0:
+                handle.lost = True
+                return
+
+
+async def _release(handle: AsyncLease, renewer: asyncio.Task[None] | None, *, quiet: bool) -> None:
+    if renewer is not None:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+    try:
+        await handle._api.release(handle.id)
+    except (DiscoveryError, httpx.HTTPError):
+        if not quiet:
+            raise
+
+
+class Lease:
+    """`AsyncLease` for threads: the same lease, its calls run on `lease()`'s loop."""
+
+    # The handle's fields, read through (typed here for the caller's checker).
+    id: str
+    holder: str
+    name: str  # the proxy's
+    url: str  # http://user:pass@host:port: do not log it
+    expires_at: datetime
+    target: str | None
+    lost: bool
+
+    def __init__(self, handle: AsyncLease, loop: LoopThread) -> None:
+        self._handle = handle
+        self._loop = loop
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._handle, attribute)
+
+    def __repr__(self) -> str:
+        return repr(self._handle)
+
+    def report(self, outcome: Outcome, target: str | None = None) -> None:
+        self._loop.run(self._handle.report(outcome, target))
+
+    def renew(self, ttl: float | None = None) -> None:
+        self._loop.run(self._handle.renew(ttl))
+
+
+@contextmanager
+def lease(base_url: str, holder: str, **options: Unpack[LeaseOptions]) -> Iterator[Lease]:
+    """`alease()` for threads (see the module's doc)."""
+    loop = LoopThread(name=f"lease-{holder}"[:15])
+    try:
+        manager = alease(base_url, holder, **options)
+        handle = loop.run(manager.__aenter__())
+        try:
+            yield Lease(handle, loop)
+        except BaseException as exc:
+            loop.run(manager.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        loop.run(manager.__aexit__(None, None, None))
+    finally:
+        loop.stop()
