@@ -73,13 +73,21 @@ def _text(max_length: int, min_length: int = 0, description: str | None = None) 
 
 Name = Annotated[str, _text(256, 1), AfterValidator(_printable)]
 LabelValue = Annotated[str, _text(256), AfterValidator(_printable)]
+# A label's key: the same rule, said in the schema as `propertyNames` (a key
+# pattern would become `patternProperties`, which leaves other keys free).
+LabelKey = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_printable)]
+_KEYS: dict[str, Any] = {
+    "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": PRINTABLE_PATTERN}
+}
 
 
 class Selector(BaseModel):
     model_config = _STRICT
     provider: Name | None = None
     zone: Name | None = None
-    labels: dict[Name, LabelValue] = Field(default_factory=dict, max_length=64)
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=_KEYS
+    )
 
 
 class LeaseRequest(BaseModel):
