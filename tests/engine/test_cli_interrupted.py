@@ -1,7 +1,7 @@
 """`pulumi up` killed with SIGKILL (while its domains boot; once its overlays
 and seeds exist, before any domain; during the base image's download), then the documented recovery (docs/kvm-provider.md, "When
-a run is interrupted"): `pulumi refresh --clear-pending-creates --yes`, then
-`pulumi up --yes`. What the killed run left under its fixed names is this
+a run is interrupted"): `pulumi cancel --yes` (the dead run's lock), `pulumi
+refresh --clear-pending-creates --yes`, then `pulumi up --yes`. What the killed run left under its fixed names is this
 stack's: the new creates replace or take it over, every proxy ends up
 running once, and gc finds nothing."""
 
@@ -42,8 +42,8 @@ def domains(conn: libvirt.virConnect) -> dict[str, str]:
 
 
 def recover(stack: CliStack) -> subprocess.CompletedProcess[str]:
-    """The documented recovery after a killed `up`: the backend's lock of the
-    dead run removed, `refresh --clear-pending-creates`, then `up`."""
+    """The documented recovery after a killed `up`, CLI commands only: `cancel`
+    (the dead run's lock), `refresh --clear-pending-creates`, then `up`."""
     stack.forget_killed_run()
     stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
     return stack.ok("up", "--yes", "--skip-preview")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,9 +144,12 @@ class CliStack:
         return done
 
     def forget_killed_run(self) -> None:
-        """Removes the lock a killed run left in the self-managed backend
-        (the documented first step of the recovery)."""
-        shutil.rmtree(self.directory / "state" / ".pulumi" / "locks", ignore_errors=True)
+        """`pulumi cancel --yes`: ends the update a killed run left in progress
+        (on the local file backend: removes its lock), the documented first
+        step of the recovery; the lock is gone afterwards."""
+        self.ok("cancel", "--yes")
+        locks = self.directory / "state" / ".pulumi" / "locks"
+        assert not [p for p in locks.rglob("*") if p.is_file()], "pulumi cancel left a lock"
 
     def output(self, name: str) -> Any:
         done = self.ok("stack", "output", name, "--json", "--show-secrets")
