@@ -97,7 +97,7 @@ def serve(fleet: Path, db: str, port: int, cpu: int | None, profile: Path | None
 
     logs.configure()
     settings = Settings(
-        listen_host="127.0.0.1", listen_port=port, db=parse_database(db), fleet_file=fleet
+        listen_host="127.0.0.1", listen_port=port, db=parse_database(db), fleet_files=(fleet,)
     )
     service = make_service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
     service.open()

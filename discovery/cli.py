@@ -4,6 +4,7 @@
         [--probe-target HOST:PORT] [--probe-interval SECONDS] [--lease-cooldown SECONDS]
         [--max-lease-ttl SECONDS] [--health-workers N] [--allow-remote-without-token]
     python -m discovery serve --stack NAME ...       (runs `pulumi stack output` itself)
+    python -m discovery serve --stack site-a --stack site-b ...   (several stacks as one fleet)
 
 The bearer token comes from the environment (DISCOVERY_TOKEN), never from the
 command line, where every user of the machine could read it.
@@ -79,16 +80,20 @@ def parser() -> argparse.ArgumentParser:
         description="Run the discovery service: health-probe the fleet and lease proxies to crawlers. "
         f"Bearer token from ${TOKEN_ENV} (at least {MIN_TOKEN_LENGTH} characters).",
     )
-    source = serve.add_mutually_exclusive_group(required=True)
-    source.add_argument(
+    serve.add_argument(
         "--fleet",
         type=Path,
+        action="append",
+        default=[],
         metavar="FILE",
         help="the manifest, or the output of `pulumi stack output --json --show-secrets`; "
-        "re-read when it changes and on SIGHUP",
+        "re-read when it changes and on SIGHUP. Repeat it (and --stack) to serve several "
+        "stacks as one fleet: names become STACK/NAME",
     )
-    source.add_argument(
+    serve.add_argument(
         "--stack",
+        action="append",
+        default=[],
         metavar="NAME",
         help="run `pulumi stack output fleet --json --show-secrets --stack NAME` (in the current "
         f"directory) at start, on SIGHUP and every ${STACK_REFRESH_ENV} seconds (default 60)",
@@ -143,6 +148,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
             f"{TOKEN_ENV} is shorter than {MIN_TOKEN_LENGTH} characters: set a longer random "
             "token (e.g. `openssl rand -hex 32`)"
         )
+    if not args.fleet and not args.stack:
+        raise ValueError("give the fleet: --fleet FILE or --stack NAME (either may be repeated)")
     host, port = args.listen
     if token is None and not is_loopback(host) and not args.allow_remote_without_token:
         raise ValueError(
@@ -162,8 +169,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         listen_host=host,
         listen_port=port,
         db=args.db,
-        fleet_file=args.fleet,
-        stack=args.stack,
+        fleet_files=tuple(args.fleet),
+        stacks=tuple(args.stack),
         probe_target=probe_target,
         probe_interval=args.probe_interval,
         lease_cooldown=args.lease_cooldown,

@@ -26,11 +26,12 @@ from discovery.book.contract import LeaseBook, StoreBackend
 from discovery.book.errors import StoreUnavailable
 from discovery.book.rules import Terms
 from discovery.database import PostgresUrl
-from discovery.fleet import Fleet, FleetError, FleetSource
+from discovery.fleet import Fleet, FleetError
 from discovery.health_source import HealthFactory, HealthSource
 from discovery.logs import event
 from discovery.metrics import Metrics
 from discovery.settings import Settings
+from discovery.sources import FleetSources
 from health.model import Health, HealthListener
 
 log = logging.getLogger("discovery")
@@ -101,7 +102,7 @@ class Service:
         self.backend = backend if backend is not None else make_backend(settings, clock)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.source = FleetSource(path=settings.fleet_file, stack=settings.stack)
+        self.source = FleetSources.of(settings)
         self._health_factory = health_factory or engine_factory(settings)
         self._clock = clock
         self._fleet: Fleet | None = None
@@ -112,7 +113,6 @@ class Service:
         self._sighup = False
         self.ready = False
         self.fleet_error: str | None = None  # why the fleet source is broken, if it is
-        self._fleet_error_seen: tuple[str, str | None] | None = None
         self._fleet_retry = False  # a fleet read but not applied (the store failed)
         # Called once what lives as long as the service has been built: after
         # start() and after each fleet change (run_server passes heap.settle).
@@ -248,38 +248,46 @@ class Service:
                 await self.book.maintain()
 
     async def _fleet_loop(self) -> None:
-        period = (
-            self.settings.stack_refresh if self.source.polls_command else self.settings.file_poll
-        )
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload.wait(), timeout=period)
+                await asyncio.wait_for(self._reload.wait(), timeout=self.source.period)
             forced = self._reload.is_set()
             self._reload.clear()
-            if forced or self._fleet_retry or self.source.changed():
+            if forced or self._fleet_retry or self.source.due():
                 await self._reload_fleet(forced=forced)
 
     async def _reload_fleet(self, *, forced: bool = False) -> None:
         try:
-            fleet = await asyncio.to_thread(self.source.load)
-        except FleetError as exc:
-            # Keep serving the fleet we have: a broken file must not end leases.
+            result = await asyncio.to_thread(self.source.reload, forced=forced)
+        except FleetError as exc:  # the sources cannot be served together
+            if self.fleet_error != str(exc) or forced:
+                self.metrics.fleet_loads.labels("error").inc()
+                event(
+                    log,
+                    logging.ERROR,
+                    "fleet reload failed; keeping the current fleet",
+                    error=str(exc),
+                )
             self.fleet_error = str(exc)
-            seen = (str(exc), exc.content)
-            if seen == self._fleet_error_seen and not forced:
-                return  # reported (logged, counted) when first read; SIGHUP reports again
-            self._fleet_error_seen = seen
+            return
+        # A broken source keeps serving its last good fleet and hides no other:
+        # reported once per content (SIGHUP reports again), unready meanwhile.
+        for error in result.new_errors:
             self.metrics.fleet_loads.labels("error").inc()
             event(
-                log, logging.ERROR, "fleet reload failed; keeping the current fleet", error=str(exc)
+                log,
+                logging.ERROR,
+                "fleet reload failed; keeping the current fleet",
+                error=str(error),
             )
-            return
-        if self.fleet_error is not None:
-            event(log, logging.INFO, "fleet readable again", source=self.source.describe())
-        self.fleet_error = self._fleet_error_seen = None
+        for source in result.recovered:
+            event(log, logging.INFO, "fleet readable again", source=source)
+        self.fleet_error = "; ".join(result.errors) or None
+        fleet = result.fleet
         if fleet == self._fleet:
             self._fleet_retry = False
-            self.metrics.fleet_loads.labels("unchanged").inc()
+            if not result.errors:
+                self.metrics.fleet_loads.labels("unchanged").inc()
             return
         try:
             change = await self.book.apply_fleet(fleet)

@@ -16,8 +16,10 @@ class Settings:
     listen_host: str
     listen_port: int
     db: Database  # an SQLite file, or a PostgreSQL URL shared by replicas
-    fleet_file: Path | None = None
-    stack: str | None = None
+    # Where the fleet comes from: any number of manifest files and stacks
+    # (several: served as one, names qualified by stack; sources.py).
+    fleet_files: tuple[Path, ...] = ()
+    stacks: tuple[str, ...] = ()
     probe_target: str = DEFAULT_PROBE_TARGET
     probe_interval: float = 10.0
     lease_cooldown: float = 600.0
@@ -27,6 +29,15 @@ class Settings:
     allow_remote_without_token: bool = False
     stack_refresh: float = 60.0  # seconds between `pulumi stack output` runs
     file_poll: float = 1.0  # seconds between looks at the fleet file
+
+    @property
+    def fleet_file(self) -> Path | None:
+        """The first fleet file, if any (most services have one source)."""
+        return self.fleet_files[0] if self.fleet_files else None
+
+    @property
+    def stack(self) -> str | None:
+        return self.stacks[0] if self.stacks else None
 
 
 def is_loopback(host: str) -> bool:

@@ -227,7 +227,7 @@ def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
         "listen_host": "127.0.0.1",
         "listen_port": free_port(),
         "db": tmp_path / "leases.db",
-        "fleet_file": tmp_path / "fleet.json",
+        "fleet_files": (tmp_path / "fleet.json",),
         "probe_interval": 0.5,
         "file_poll": 0.1,
     }

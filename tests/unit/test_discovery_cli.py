@@ -56,12 +56,13 @@ def test_every_flag_of_the_design() -> None:
     assert "t0ken" not in repr(s)
 
 
-def test_stack_instead_of_fleet() -> None:
+def test_stack_instead_of_fleet_or_several_of_both() -> None:
     s = settings(["serve", "--stack", "prod", "--listen", "127.0.0.1:1", "--db", "x"])
     assert s.stack == "prod" and s.fleet_file is None
-    with pytest.raises(SystemExit):
-        settings([*BASE, "--stack", "prod"])
-    with pytest.raises(SystemExit):
+    both = settings([*BASE, "--stack", "site-a", "--stack", "site-b", "--fleet", "more.json"])
+    assert both.stacks == ("site-a", "site-b")
+    assert both.fleet_files == (Path("f.json"), Path("more.json"))
+    with pytest.raises(ValueError, match="give the fleet: --fleet FILE or --stack NAME"):
         settings(["serve", "--listen", "127.0.0.1:1", "--db", "x"])
 
 
