@@ -194,8 +194,11 @@ def report(
         engine = run.usage.get("engine", Usage()).cpu
         parts.append(f"engine growth exponent {exponent(engine0, engine, size / size0):.2f}")
     if floor is not None and floor.resources:
-        floor_per = floor.cpu / floor.resources * 1000
-        parts.append(f"x floor {per / floor_per:.2f}")
+        floor_engine = floor.usage.get("engine", Usage()).cpu
+        engine = run.usage.get("engine", Usage()).cpu
+        # Per resource (the two runs register the same number, give or take one).
+        ratio = (engine / run.resources) / (floor_engine / floor.resources) if floor_engine else 0
+        parts.append(f"x floor: engine {ratio:.2f}, all {run.cpu / floor.cpu:.2f}")
     print("  ".join(parts), flush=True)
 
 
