@@ -12,6 +12,7 @@ Answers, errors included, are the same as the documented API's.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -59,11 +60,18 @@ _METHODS = {GRANT: "POST", LEASE: "DELETE", RENEW: "POST", REPORT: "POST", HEALT
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 
+# A location part shown as it is: a field name, an index, pydantic's "[key]".
+# Anything else is a key the client sent (a label's), shown as "…": inputs are
+# echoed nowhere, not even as a location (a NUL, a password pasted as a key).
+_SHOWN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}|\[key\]")
+
+
 def describe(exc: ValidationError) -> str:
     """Locations and messages only: inputs are echoed nowhere."""
     problems = []
     for item in exc.errors(include_input=False, include_url=False)[:10]:
-        where = ".".join(str(p) for p in item["loc"]) or "body"
+        parts = [str(p) if isinstance(p, int) or _SHOWN.fullmatch(p) else "…" for p in item["loc"]]
+        where = ".".join(parts) or "body"
         problems.append(f"{where}: {item['msg']}")
     return "; ".join(problems)
 

@@ -1,5 +1,6 @@
 """The request bodies' rules that the OpenAPI document states too: a TTL of
-at least one second, on a grant and on a renewal."""
+at least one second, on a grant and on a renewal; and how a refusal names
+what is wrong without echoing what the client sent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from discovery.hotpath import describe
 from discovery.openapi import openapi_document
 from discovery.schemas import MIN_TTL_S, LeaseRequest, RenewRequest
 
@@ -45,3 +47,16 @@ def test_the_openapi_document_states_the_minimum() -> None:
         [number] = [s for s in ttl["anyOf"] if s.get("type") == "number"]
         assert number["minimum"] == MIN_TTL_S == 1
         assert "at least 1" in ttl["description"]
+
+
+def test_a_refusal_names_where_but_never_echoes_a_key_the_client_sent() -> None:
+    body = '{"holder": "h", "selector": {"labels": {"pw=hunter2\\u0000": "v", "ok": "x\\u0007"}}}'
+    try:
+        LeaseRequest.model_validate_json(body)
+    except ValidationError as exc:
+        detail = describe(exc)
+    else:
+        raise AssertionError("accepted")
+    assert "hunter2" not in detail and "\\x00" not in detail and "\\u0000" not in detail
+    assert "selector.labels.….[key]: control characters" in detail
+    assert "selector.labels.ok: control characters" in detail  # a plain key is a location
