@@ -183,14 +183,14 @@ class PostgresBook:
         return answer
 
     async def refresh_snapshot(self) -> None:
-        now, rows, cooldowns = await self._call(self._store.proxies())
+        counts = await self._call(self._store.gauges())
         by_health = {str(h): 0 for h in Health}
-        leased = 0
-        for name in self._fleet:
-            row = rows.get(name)
-            by_health[row.health if row else str(Health.UNKNOWN)] += 1
-            leased += bool(row and row.expires_at is not None)
-        cooling = sum(1 for c in cooldowns if c.until > now)
+        for count in counts:
+            by_health[count.health] += count.proxies
+        # A proxy of the fleet without a row yet (a fleet change in flight) is unknown.
+        by_health[str(Health.UNKNOWN)] += len(self._fleet) - sum(c.proxies for c in counts)
+        leased = sum(c.leased for c in counts)
+        cooling = sum(c.cooling for c in counts)
         self._snapshot = StateSnapshot(leased, cooling, by_health)
 
     def snapshot(self) -> StateSnapshot:

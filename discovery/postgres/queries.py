@@ -144,6 +144,15 @@ COOLDOWNS = f"""SELECT c.proxy, c.target, {EPOCH.format("c.until")} AS until
     FROM discovery_cooldowns c JOIN discovery_proxies p ON p.name = c.proxy
     WHERE c.until > {NOW} AND {MINE}"""
 
+# The gauges: this fleet's proxies by health, with how many are leased and
+# how many live cooldowns they have (counted here, not shipped row by row).
+GAUGES = f"""SELECT p.health, count(*) AS proxies,
+        count(*) FILTER (WHERE EXISTS (SELECT 1 FROM discovery_leases l
+                                       WHERE l.proxy = p.name AND l.expires_at > {NOW})) AS leased,
+        COALESCE(sum((SELECT count(*) FROM discovery_cooldowns c
+                      WHERE c.proxy = p.name AND c.until > {NOW})), 0)::int AS cooling
+    FROM discovery_proxies p WHERE {MINE} GROUP BY p.health"""
+
 # The prober's view of each proxy whose view changed. The histories travel
 # as array literals (unnest would flatten a two-dimensional array) and are
 # cast back per row.

@@ -39,6 +39,16 @@ class CandidateRow:
 
 
 @dataclass(frozen=True)
+class HealthCount:
+    """The gauges' figures for the proxies of one health."""
+
+    health: str
+    proxies: int
+    leased: int
+    cooling: int
+
+
+@dataclass(frozen=True)
 class ErrorRow:
     proxy: str
     count: int
@@ -71,6 +81,7 @@ __all__ = [
     "CooldownRow",
     "ErrorRow",
     "GrantRow",
+    "HealthCount",
     "HealthView",
     "Now",
     "ProxyRow",

@@ -38,6 +38,7 @@ from discovery.postgres.rows import (
     CooldownRow,
     ErrorRow,
     GrantRow,
+    HealthCount,
     HealthView,
     Now,
     ProxyRow,
@@ -268,6 +269,11 @@ class PostgresStore:
             rows = await self.all(conn, ProxyRow, q.PROXIES, params)
             cooldowns = await self.all(conn, CooldownRow, q.COOLDOWNS, params)
         return (now.now if now else 0.0), {r.name: r for r in rows}, cooldowns
+
+    async def gauges(self) -> list[HealthCount]:
+        """This fleet's proxies counted by health, with leases and live cooldowns."""
+        async with self.connection(transaction=False) as conn:
+            return await self.all(conn, HealthCount, q.GAUGES, self.params())
 
     # -- health, written by the leader -----------------------------------------------------
 
