@@ -25,6 +25,7 @@ class _Slot:
     period: float
     fleet: Fleet | None = None  # the last good read
     error: FleetError | None = None  # why the last read failed, while it does
+    reported: tuple[str | None] | None = None  # (content,) of the error last reported
     next_read: float = 0.0
 
 
@@ -51,7 +52,6 @@ class FleetSources:
             raise ValueError("give at least one fleet file or stack")
         self._slots = [_Slot(s, stack_refresh if s.polls_command else file_poll) for s in sources]
         self._clock = clock
-        self._reported: dict[int, str | None] = {}  # slot -> content of its reported error
 
     @classmethod
     def of(cls, settings: Settings) -> FleetSources:
@@ -94,7 +94,7 @@ class FleetSources:
         now = self._clock()
         new_errors: list[FleetError] = []
         recovered: list[str] = []
-        for index, slot in enumerate(self._slots):
+        for slot in self._slots:
             waiting = now < slot.next_read or not slot.source.changed()
             if not forced and slot.error is None and waiting:
                 continue
@@ -103,14 +103,13 @@ class FleetSources:
                 slot.fleet = slot.source.load()
             except FleetError as exc:
                 slot.error = _named(exc, slot, len(self._slots))
-                if forced or self._reported.get(index, "none") != exc.content:
-                    self._reported[index] = exc.content
+                if forced or slot.reported != (exc.content,):
+                    slot.reported = (exc.content,)
                     new_errors.append(slot.error)
                 continue
             if slot.error is not None:
                 recovered.append(slot.source.describe())
-            slot.error = None
-            self._reported.pop(index, None)
+            slot.error = slot.reported = None
         errors = [str(slot.error) for slot in self._slots if slot.error is not None]
         return Reload(self._union(), errors, new_errors, recovered)
 
