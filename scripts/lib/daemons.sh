@@ -64,3 +64,16 @@ put_file() {
   chmod "$mode" "$tmp"
   mv -f "$tmp" "$path"
 }
+
+# any_alive DIR NAME...: one of the NAME daemons whose PIDs DIR records still
+# runs. Another checkout's testbed or cluster whose daemons are all gone was
+# left by a run that was killed (a CI job cut off, a session ended): it is no
+# longer up, and `up` here may take its place.
+any_alive() {
+  local dir=$1 name
+  shift
+  for name in "$@"; do
+    STATE=$dir ours "$name" >/dev/null && return 0
+  done
+  return 1
+}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.support.kube import ROOT, Api, run_kube
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
 
 STATE = ROOT / ".kube"
+OWNER_FILE = Path("/run/egress-proxies-kube.owner")
 
 
 def _lines(*argv: str) -> list[str]:
@@ -67,16 +69,28 @@ def pids() -> dict[str, str]:
 
 
 @pytest.mark.timeout(900)
-def test_up_twice_at_once_and_down_restores_the_machine() -> None:
+def test_up_twice_at_once_and_down_restores_the_machine(tmp_path: Path) -> None:
     down = run_kube("down")
     assert down.returncode == 0, down.stderr[-3000:]
     assert not STATE.exists()
     before = machine()
+    # A claim on the machine by a checkout whose cluster was killed (a CI job
+    # cut off): none of its daemons runs, so `up` takes its place.
+    dead = tmp_path / "killed-checkout" / ".kube"
+    dead.mkdir(parents=True)
+    exited = subprocess.Popen([sys.executable, "-c", ""])
+    exited.wait()
+    for daemon in ("etcd", "kube-apiserver", "containerd", "kubelet"):
+        (dead / f"{daemon}.pid").write_text(f"{exited.pid}\n")
+    OWNER_FILE.write_text(f"{dead}\n")
 
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(lambda _: run_kube("up", timeout=600), range(2))
     assert first.returncode == 0, first.stderr[-3000:]
     assert second.returncode == 0, second.stderr[-3000:]
+    took_over = f"the cluster of {dead.parent} was left by a run that was killed"
+    assert [took_over in done.stderr for done in (first, second)].count(True) == 1
+    assert OWNER_FILE.read_text().strip() == str(STATE)
     printed = [json.loads(done.stdout.splitlines()[-1]) for done in (first, second)]
     assert printed[0] == printed[1]
     assert set(printed[0]) == {"kubeconfig", "squidImage", "clientCidr", "hostAddress"}

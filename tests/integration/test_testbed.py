@@ -7,6 +7,7 @@ import json
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -71,6 +72,41 @@ def test_a_second_checkout_neither_takes_over_nor_tears_down_the_testbed(
     assert f"the testbed on this machine is {ROOT}'s: nothing of it touched" in down.stderr
     status = testbed.script("status")
     assert status.returncode == 0, status.stdout
+
+
+OWNER_FILE = Path("/run/egress-proxies-testbed.owner")
+
+
+def test_up_takes_over_a_testbed_a_killed_run_left_behind(testbed: Testbed, tmp_path: Path) -> None:
+    """A CI job cut off mid-run leaves its checkout's claim on the machine with
+    none of its daemons running: that testbed is not up, and `up` elsewhere
+    takes its place (keeping what /dev/kvm was before any testbed) instead of
+    refusing until someone runs the dead checkout's `down` by hand."""
+    dead = tmp_path / "killed-checkout" / ".testbed"
+    dead.mkdir(parents=True)
+    exited = subprocess.Popen([sys.executable, "-c", ""])
+    exited.wait()
+    for daemon in ("sshd", "libvirtd", "virtlogd"):
+        (dead / f"{daemon}.pid").write_text(f"{exited.pid}\n")
+    (dead / "kvm-perms").write_text("600 root root\n")
+    ours = OWNER_FILE.read_text()
+    kvm_record = testbed.state_dir / "kvm-perms"
+    had_record = kvm_record.exists()
+    OWNER_FILE.write_text(f"{dead}\n")
+    try:
+        up = testbed.script("up")
+        assert up.returncode == 0, up.stderr
+        assert f"the testbed of {dead.parent} was left by a run that was killed" in up.stderr, (
+            up.stderr
+        )
+        assert OWNER_FILE.read_text() == ours
+        if not had_record:
+            assert kvm_record.read_text() == "600 root root\n"
+    finally:
+        OWNER_FILE.write_text(ours)
+        if not had_record:
+            kvm_record.unlink(missing_ok=True)
+    assert testbed.script("status").returncode == 0
 
 
 def test_status_reports_everything_up(testbed: Testbed) -> None:
