@@ -26,43 +26,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
 
 from tests.support.pulumi_cli import PULUMI, ROOT, CliStack
+from tests.support.simulated_fleet import fleet_config
 
 HOSTS = 10
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def fleet_config(proxies: int, where: Path) -> dict[str, Any]:
-    """N kvm proxies over HOSTS hosts at documentation addresses (never contacted)."""
-    key, known = where / "key", where / "known"
-    key.write_text("not used: a preview contacts no host\n")
-    known.write_text("")
-    hosts = [
-        {"name": f"nas{h}", "address": f"192.0.2.{h + 1}:22", "user": "virt", "network": "n"}
-        for h in range(HOSTS)
-    ]
-    kvm = {
-        "sshKeyFile": str(key),
-        "knownHostsFile": str(known),
-        "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-        "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-        "hosts": hosts,
-    }
-    return {
-        "providers": [{"name": "home", "type": "kvm", "kvm": kvm}],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-        "proxies": [
-            {
-                "name": f"p{i}",
-                "provider": "home",
-                "placement": {"zone": f"nas{i % HOSTS}", "machineType": "s", "image": "d"},
-            }
-            for i in range(proxies)
-        ],
-    }
 
 
 @dataclass
@@ -215,7 +185,14 @@ def main() -> None:
             for size in args.sizes:
                 where = root / f"{'skip' if skip else 'default'}-{size}"
                 where.mkdir()
-                ours = preview(CliStack(where / "fleet", "fleet", fleet_config(size, where), env))
+                ours = preview(
+                    CliStack(
+                        where / "fleet",
+                        "fleet",
+                        fleet_config(size, HOSTS, where, "http://img.invalid/d.qcow2"),
+                        env,
+                    )
+                )
                 floor_stack = CliStack(
                     where / "floor",
                     "floor",

@@ -24,6 +24,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.bridge import SocketBridge
 from providers.kvm.errors import HostUnreachable, LibvirtSocketError, LibvirtUnavailable
 from providers.kvm.openssh import ForwardFailed, fell_back, forwarded_libvirt
+from providers.kvm.simulated import simulated_host, simulated_root
 from providers.kvm.ssh import SshSession
 from providers.kvm.trace import Traced, error_label, wrap
 
@@ -194,8 +195,14 @@ _connector: Connector | None = None
 
 def source(access: HostAccess) -> LibvirtSource:
     """Where the kvm resources get a host's libvirt connection: the pooled SSH
-    connection, unless a test put another connector in place."""
-    return (_connector or connect)(access)
+    connection, unless a test put another connector in place or the
+    environment asks for simulated hosts (providers.kvm.simulated)."""
+    if _connector is not None:
+        return _connector(access)
+    root = simulated_root()
+    if root is not None:
+        return simulated_host(root, access)
+    return connect(access)
 
 
 @contextlib.contextmanager

@@ -1,30 +1,22 @@
 """A libvirt host inside the test process, for fast tests of the kvm resources.
 
-libvirt's test driver (``test:///<node.xml>``) is a real libvirt kept in
-memory: pools, volumes with backing stores, networks, domains with metadata,
-define/start/destroy. Each :class:`TestHost` opens its own (a node file gives
-a fresh driver state per connection) and is put behind the kvm connector seam
+The host itself is the product's simulated host (providers.kvm.simulated:
+libvirt's test driver, with upload, download, resize, free memory and DHCP
+filled in), kept in memory only and put behind the kvm connector seam
 (``providers.kvm.connection.use_connector``), so a provider's create, read,
 update and delete run in-process exactly as on a real host, minus SSH.
 
-The test driver lacks five things a real host has; they are filled in here,
-and only here:
-- volume upload and download: contents kept in memory per volume path, and
-  the volume XML's ``<physical>`` and ``<timestamps><mtime>`` follow them (as
-  libvirt re-reads the file);
-- volume resize: the volume is made again at the new capacity;
-- free memory (the driver reports 0 for a node file): settable per host;
-- undefine with the NVRAM flag (refused by the driver): the flag is dropped;
-- faults: ``fail_upload_after`` breaks an upload after that many bytes;
-  ``prewrite_qcow2`` gives a new qcow2 volume a file of that many bytes (what
-  qemu-img create writes), which an upload overwrites but, as libvirt's,
-  never truncates.
+What only tests need is added here: faults (``fail_upload_after`` breaks an
+upload after that many bytes; ``prewrite_qcow2`` gives a new qcow2 volume a
+file of that many bytes, as qemu-img create writes, which an upload
+overwrites but, as libvirt's, never truncates; ``answer_addresses = False``:
+the guest never reports an address), the order of finished uploads, and
+helpers to look at or change the host out of band.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,59 +26,49 @@ import libvirt
 
 from providers.kvm.access import HostAccess
 from providers.kvm.connection import use_connector
+from providers.kvm.simulated import GIB, SimulatedHost
 
-GIB = 1024**3
 POOL = "proxies"
 POOL_PATH = "/var/lib/egress-proxies/pool"
 NETWORK = "proxies"
 
-NODE_XML = f"""<node>
-  <cpu><mhz>2000</mhz><model>x86_64</model><active>2</active><nodes>1</nodes>
-    <sockets>1</sockets><cores>2</cores><threads>1</threads></cpu>
-  <memory>8388608</memory>
-  <network>
-    <name>{NETWORK}</name>
-    <bridge name='virbr9'/>
-    <ip address='192.168.150.1' netmask='255.255.255.0'>
-      <dhcp><range start='192.168.150.2' end='192.168.150.254'/></dhcp>
-    </ip>
-  </network>
-  <pool type='dir'>
-    <name>{POOL}</name>
-    <target><path>{POOL_PATH}</path></target>
-  </pool>
-</node>
-"""
 
-libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-
-
-class TestHost:
+class TestHost(SimulatedHost):
     """One in-memory libvirt host; ``with host.serving():`` routes every kvm
     resource of this process to it."""
 
     __test__ = False  # not a pytest class
 
     def __init__(self, directory: Path, *, free_memory: int = 4 * GIB) -> None:
-        node = directory / "node.xml"
-        node.write_text(NODE_XML)
-        self.raw = libvirt.open(f"test://{node}")
-        self.free_memory = free_memory
-        self.contents: dict[str, bytes] = {}
+        super().__init__(
+            directory, pool=POOL, network=NETWORK, pool_path=POOL_PATH, free_memory=free_memory
+        )
         self.fail_upload_after: int | None = None
         self.prewrite_qcow2 = 0
         self.prewritten: set[str] = set()  # volume paths given a pre-written file
         self.answer_addresses = True  # False: the guest never reports an address
         self.uploads: list[str] = []  # volume names, in the order their uploads finished
-        self.mtimes: dict[str, float] = {}  # volume path -> when its last upload finished
 
-    def libvirt(self) -> Any:
-        """The connector seam's answer: this host's connection."""
-        return _Conn(self.raw, self)
+    def before_send(self, sent: int, data: bytes) -> None:
+        limit = self.fail_upload_after
+        if limit is not None and sent + len(data) > limit:
+            raise libvirt.libvirtError("test host: the upload broke off")
 
-    def bulk(self) -> contextlib.AbstractContextManager[Any]:
-        """The same connection: the test driver has no second transport."""
-        return contextlib.nullcontext(self.libvirt())
+    def volume_created(self, vol: Any, xml: str) -> None:
+        fmt = ET.fromstring(xml).find("target/format")
+        if self.prewrite_qcow2 and fmt is not None and fmt.get("type") == "qcow2":
+            path = vol.raw.path()
+            self.contents[path] = bytes(self.prewrite_qcow2)
+            self.prewritten.add(path)
+
+    def uploaded(self, path: str, received: bytes) -> bytes:
+        # Overwritten, not truncated: a pre-written file keeps its tail.
+        tail = self.contents.get(path, b"")[len(received) :]
+        self.uploads.append(path.rsplit("/", 1)[-1])
+        return received + (tail if path in self.prewritten else b"")
+
+    def interface_addresses(self, dom: Any, source: int, flags: int) -> Any:
+        return dom.interfaceAddresses(source, flags) if self.answer_addresses else {}
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[TestHost]:
@@ -138,154 +120,3 @@ class TestHost:
         root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         edit(root)
         self.raw.defineXML(ET.tostring(root, encoding="unicode"))
-
-    def close(self) -> None:
-        self.raw.close()
-
-
-class _Wrapper:
-    """Delegates to the libvirt object, wrapping what it returns."""
-
-    def __init__(self, raw: Any, host: TestHost) -> None:
-        self.raw = raw
-        self.host = host
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.raw, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return _wrap(attr(*args, **kwargs), self.host)
-
-        return call
-
-
-def _wrap(value: Any, host: TestHost) -> Any:
-    if isinstance(value, libvirt.virNetwork):
-        return _Network(value, host)
-    if isinstance(value, libvirt.virStoragePool):
-        return _Pool(value, host)
-    if isinstance(value, libvirt.virStorageVol):
-        return _Vol(value, host)
-    if isinstance(value, libvirt.virDomain):
-        return _Domain(value, host)
-    if isinstance(value, list):
-        return [_wrap(v, host) for v in value]
-    return value
-
-
-class _Conn(_Wrapper):
-    def newStream(self, _flags: int = 0) -> _Stream:
-        return _Stream(self.host)
-
-    def getFreeMemory(self) -> int:
-        return self.host.free_memory
-
-
-class _Pool(_Wrapper):
-    def createXML(self, xml: str, flags: int = 0) -> Any:
-        vol = _wrap(self.raw.createXML(xml, flags), self.host)
-        fmt = ET.fromstring(xml).find("target/format")
-        if self.host.prewrite_qcow2 and fmt is not None and fmt.get("type") == "qcow2":
-            path = vol.raw.path()
-            self.host.contents[path] = bytes(self.host.prewrite_qcow2)
-            self.host.prewritten.add(path)
-        return vol
-
-
-class _Vol(_Wrapper):
-    def upload(self, stream: _Stream, _offset: int, _length: int, _flags: int) -> int:
-        stream.target = self
-        return 0
-
-    def download(self, stream: _Stream, offset: int, length: int, _flags: int) -> int:
-        data = self.host.contents.get(self.raw.path(), b"")
-        stream.pending = data[offset : offset + length] if length else data[offset:]
-        return 0
-
-    def XMLDesc(self, flags: int = 0) -> str:
-        xml: str = self.raw.XMLDesc(flags)
-        data = self.host.contents.get(self.raw.path())
-        if data is None:
-            return xml
-        root = ET.fromstring(xml)
-        target = root.find("target")
-        if target is not None and self.raw.path() in self.host.mtimes:
-            stamps = ET.SubElement(target, "timestamps")
-            ET.SubElement(stamps, "mtime").text = f"{self.host.mtimes[self.raw.path()]:.9f}"
-        for old in root.findall("physical"):
-            root.remove(old)
-        physical = ET.Element("physical", unit="bytes")
-        physical.text = str(len(data))
-        root.insert(3, physical)
-        return ET.tostring(root, encoding="unicode")
-
-    def resize(self, capacity: int, _flags: int = 0) -> int:
-        """The driver cannot resize: the volume is made again, same name and
-        backing file, at the new capacity (handles find it by name)."""
-        root = ET.fromstring(self.raw.XMLDesc(0))
-        node = root.find("capacity")
-        assert node is not None
-        node.text, node.attrib["unit"] = str(capacity), "bytes"
-        pool = self.raw.storagePoolLookupByVolume()
-        self.raw.delete(0)
-        pool.createXML(ET.tostring(root, encoding="unicode"), 0)
-        return 0
-
-    def delete(self, flags: int = 0) -> int:
-        path = self.raw.path()
-        result: int = self.raw.delete(flags)
-        self.host.contents.pop(path, None)
-        self.host.mtimes.pop(path, None)
-        return result
-
-
-class _Domain(_Wrapper):
-    def undefineFlags(self, flags: int = 0) -> int:
-        result: int = self.raw.undefineFlags(flags & ~libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-        return result
-
-    def interfaceAddresses(self, source: int, flags: int = 0) -> Any:
-        if not self.host.answer_addresses:
-            return {}
-        return self.raw.interfaceAddresses(source, flags)
-
-
-class _Network(_Wrapper):
-    def DHCPLeases(self, mac: str | None = None, flags: int = 0) -> list[dict[str, Any]]:
-        return []  # the driver keeps none; addresses come from interfaceAddresses
-
-
-class _Stream:
-    """A libvirt stream into or out of a volume's in-memory content."""
-
-    def __init__(self, host: TestHost) -> None:
-        self.host = host
-        self.target: _Vol | None = None
-        self.received = bytearray()
-        self.pending = b""
-
-    def send(self, data: bytes) -> int:
-        limit = self.host.fail_upload_after
-        if limit is not None and len(self.received) + len(data) > limit:
-            raise libvirt.libvirtError("test host: the upload broke off")
-        self.received += data
-        return len(data)
-
-    def recv(self, size: int) -> bytes:
-        chunk, self.pending = self.pending[:size], self.pending[size:]
-        return chunk
-
-    def finish(self) -> None:
-        if self.target is not None:
-            path = self.target.raw.path()
-            # Overwritten, not truncated: a pre-written file keeps its tail.
-            tail = self.host.contents.get(path, b"")[len(self.received) :]
-            kept = tail if path in self.host.prewritten else b""
-            self.host.contents[path] = bytes(self.received) + kept
-            self.host.mtimes[path] = time.time()
-            self.host.uploads.append(self.target.raw.name())
-
-    def abort(self) -> None:
-        self.received.clear()

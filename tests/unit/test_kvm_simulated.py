@@ -1,0 +1,125 @@
+"""Simulated hosts (providers.kvm.simulated): what one provider process leaves
+on a host, the next finds, as the CLI runs one process per command; and the
+environment variable, nothing else, selects them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from providers.kvm import connection
+from providers.kvm.connection import source, use_connector
+from providers.kvm.simulated import SIMULATED_HOSTS_ENV, SimulatedHost, simulated_host
+from tests.support.testdriver import TestHost
+
+DOMAIN = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>256</memory>
+  <metadata><p:proxy xmlns:p="urn:egress-proxies:test">owner {name}</p:proxy></metadata>
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices><disk type='file' device='disk'><source file='{disk}'/><target dev='vda' bus='virtio'/>
+  </disk></devices></domain>"""
+
+
+def _volume(name: str, capacity: int, backing: str | None = None) -> str:
+    store = (
+        f"<backingStore><path>{backing}</path><format type='qcow2'/></backingStore>"
+        if backing
+        else ""
+    )
+    return (
+        f"<volume><name>{name}</name><capacity unit='bytes'>{capacity}</capacity>"
+        f"<target><format type='qcow2'/></target>{store}</volume>"
+    )
+
+
+def _host(directory: Path) -> SimulatedHost:
+    return SimulatedHost(directory, pool="vms", network="proxies", persist=True)
+
+
+def _upload(conn: object, vol: object, data: bytes) -> None:
+    stream = conn.newStream(0)  # type: ignore[attr-defined]
+    vol.upload(stream, 0, len(data), 0)  # type: ignore[attr-defined]
+    stream.send(data)
+    stream.finish()
+
+
+def test_a_second_process_finds_what_the_first_left(tmp_path: Path) -> None:
+    first = _host(tmp_path)
+    conn = first.libvirt()
+    pool = conn.storagePoolLookupByName("vms")
+    base = pool.createXML(_volume("base.qcow2", 1 << 30), 0)
+    _upload(conn, base, b"QFI\xfb image bytes")
+    overlay = pool.createXML(_volume("p1.qcow2", 2 << 30, backing=base.path()), 0)
+    pool.createXML(_volume("gone.qcow2", 1 << 20), 0).delete(0)
+    running = conn.defineXML(DOMAIN.format(name="p1", disk=overlay.path()))
+    running.create()
+    conn.defineXML(DOMAIN.format(name="p2", disk=overlay.path()))  # defined, never started
+    stopped = conn.defineXML(DOMAIN.format(name="p3", disk=overlay.path()))
+    stopped.create()
+    stopped.destroy()
+    conn.defineXML(DOMAIN.format(name="p4", disk=overlay.path())).undefineFlags(
+        libvirt.VIR_DOMAIN_UNDEFINE_NVRAM
+    )
+    before = base.XMLDesc(0)
+    first.close()
+
+    second = _host(tmp_path)
+    conn = second.libvirt()
+    pool = conn.storagePoolLookupByName("vms")
+    assert sorted(v.name() for v in pool.listAllVolumes(0)) == ["base.qcow2", "p1.qcow2"]
+    again = pool.storageVolLookupByName("base.qcow2")
+    assert again.XMLDesc(0) == before  # contents, their size and mtime
+    assert second.contents[again.path()] == b"QFI\xfb image bytes"
+    layered = pool.storageVolLookupByName("p1.qcow2").XMLDesc(0)
+    assert f"<path>{again.path()}</path>" in layered and "2147483648" in layered
+    states = {d.name(): d.state()[0] for d in conn.listAllDomains(0)}
+    assert states == {
+        "p1": libvirt.VIR_DOMAIN_RUNNING,
+        "p2": libvirt.VIR_DOMAIN_SHUTOFF,
+        "p3": libvirt.VIR_DOMAIN_SHUTOFF,
+    }
+    meta = conn.lookupByName("p1").metadata(
+        libvirt.VIR_DOMAIN_METADATA_ELEMENT, "urn:egress-proxies:test"
+    )
+    assert "owner p1" in meta
+
+    # Everything removed in the second is gone for a third.
+    for name in ("p1", "p2", "p3"):
+        dom = conn.lookupByName(name)
+        if dom.isActive():
+            dom.destroy()
+        dom.undefineFlags(0)
+    for vol in pool.listAllVolumes(0):
+        vol.delete(0)
+    second.close()
+    third = _host(tmp_path)
+    assert third.raw.listAllDomains(0) == []
+    assert third.raw.storagePoolLookupByName("vms").listAllVolumes(0) == []
+    assert not any((tmp_path / "contents").iterdir())
+    third.close()
+
+
+def test_only_the_environment_selects_simulated_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    access = TestHost(tmp_path / "t").access(provider="home", host="nas/1")
+    monkeypatch.delenv(SIMULATED_HOSTS_ENV, raising=False)
+    assert isinstance(source(access), connection.HostConnection)
+
+    monkeypatch.setattr("providers.kvm.simulated._hosts", {})
+    monkeypatch.setenv(SIMULATED_HOSTS_ENV, str(tmp_path / "sim"))
+    with caplog.at_level(logging.WARNING, logger="kvm"):
+        host = source(access)
+        assert source(access) is host  # one per host per process
+    assert isinstance(host, SimulatedHost)
+    assert host.directory == tmp_path / "sim" / "home--nas_2f1"
+    warned = [r.getMessage() for r in caplog.records if SIMULATED_HOSTS_ENV in r.getMessage()]
+    assert len(warned) == 1 and "simulated" in warned[0], warned
+    assert host is simulated_host(tmp_path / "sim", access)
+
+    # A test's connector still comes first.
+    other = TestHost(tmp_path / "other")
+    with use_connector(lambda _access: other):
+        assert source(access) is other
