@@ -1,6 +1,7 @@
 """Benchmark: what a stack of N proxies costs through the real Pulumi CLI.
 
-Run: scripts/bench stack_scale   (.venv/bin/python -m bench.stack_scale [--sizes 50 100 200 400])
+Run: scripts/bench stack_scale
+     (.venv/bin/python -m bench.stack_scale [--sizes 50 100 200 400] [--lifecycle-sizes 100 400])
 
 For each size, `pulumi preview` of a new stack of N kvm proxies spread over
 10 hosts (no host is contacted in a preview), and beside it, in the same
@@ -12,135 +13,48 @@ docs/architecture.md, decision log). Printed per run: wall time, CPU and
 peak RSS per process (the engine, the language host's program, the dynamic
 provider), CPU per resource, the growth exponent of the engine's CPU from
 the size before, and the ratio of CPU per resource to the floor's.
+
+Then, for each of --lifecycle-sizes (default 100 and 400), in both modes,
+the rest of a stack's life through the real CLI on simulated hosts
+(EGRESS_PROXIES_SIMULATED_HOSTS, providers.kvm.simulated: libvirt's test
+driver in the provider process): `up`, a no-change `preview`, `refresh` and
+`destroy`, the floor program's `up` and `destroy` of as many resources
+beside them, and the state's size per proxy (`pulumi stack export`) against
+the floor's per resource.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
-import os
 import re
-import subprocess
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from tests.support.pulumi_cli import PULUMI, ROOT, CliStack
-from tests.support.simulated_fleet import fleet_config
+from bench._sampling import Run, Sampler, Usage
+from tests.support.baseimages import random_qcow2, serve
+from tests.support.http import FileServer
+from tests.support.pulumi_cli import ROOT, CliStack
+from tests.support.simulated_fleet import fleet_config, simulated_env
 
 HOSTS = 10
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-@dataclass
-class Usage:
-    """CPU seconds and peak RSS (MiB) of one kind of process."""
-
-    cpu: float = 0.0
-    rss: float = 0.0
-
-
-@dataclass
-class Run:
-    resources: int
-    wall: float
-    usage: dict[str, Usage] = field(default_factory=dict)
-
-    @property
-    def cpu(self) -> float:
-        return sum(u.cpu for u in self.usage.values())
-
-
-def kind(pid: int) -> str:
-    """engine, program or provider (what each process of a stack operation is)."""
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "other"
-    if comm == "pulumi":
-        return "engine"
-    if "dynamic_host" in cmdline or "pulumi.dynamic" in cmdline:
-        return "provider"
-    if "language-python" in cmdline or "__main__" in cmdline or "_exec" in cmdline:
-        return "program"
-    return "other"
-
-
-class Sampler:
-    """Polls /proc for the process tree under `root`: each process's last CPU
-    time and peak RSS (a process that ends between two looks loses at most
-    the last interval's CPU)."""
-
-    def __init__(self, root: int, interval: float = 0.1) -> None:
-        self.root = root
-        self.seen: dict[int, tuple[str, float, float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _tree(self) -> list[int]:
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-        tree, todo = [], [self.root]
-        while todo:
-            pid = todo.pop()
-            tree.append(pid)
-            todo += children.get(pid, [])
-        return tree
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.is_set():
-            for pid in self._tree():
-                try:
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
-                except (OSError, IndexError, ValueError):
-                    continue
-                cpu = (int(fields[11]) + int(fields[12])) / _TICK
-                name, old_cpu, old_rss = self.seen.get(pid, (kind(pid), 0.0, 0.0))
-                self.seen[pid] = (name, max(old_cpu, cpu), max(old_rss, rss))
-            self._stop.wait(interval)
-
-    def stop(self) -> dict[str, Usage]:
-        self._stop.set()
-        self._thread.join()
-        usage: dict[str, Usage] = {}
-        for name, cpu, rss in self.seen.values():
-            total = usage.setdefault(name, Usage())
-            total.cpu += cpu
-            total.rss = max(total.rss, rss)
-        return usage
-
-
-def preview(stack: CliStack) -> Run:
+def timed(stack: CliStack, *args: str, resources: int = 0) -> Run:
+    """`pulumi ARGS` on STACK, sampled; RESOURCES: what the run is about (a
+    preview of a new stack counts its creates itself)."""
     started = time.monotonic()
-    process = subprocess.Popen(
-        [str(PULUMI), "preview", "--non-interactive"],
-        cwd=stack.directory,
-        env=stack.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = stack.start(*args)
     sampler = Sampler(process.pid)
     out, _ = process.communicate(timeout=7200)
     wall = time.monotonic() - started
     usage = sampler.stop()
     if process.returncode != 0:
-        raise RuntimeError(f"pulumi preview failed:\n{out[-3000:]}")
+        raise RuntimeError(f"pulumi {' '.join(args)} failed:\n{out[-3000:]}")
     created = re.search(r"\+ (\d+) to create", out)
-    return Run(int(created.group(1)) if created else 0, wall, usage)
+    return Run(resources or (int(created.group(1)) if created else 0), wall, usage)
 
 
 def exponent(small: float, large: float, ratio: float) -> float:
@@ -172,12 +86,69 @@ def report(
     print("  ".join(parts), flush=True)
 
 
+def _state_bytes(stack: CliStack) -> int:
+    return len(json.dumps(stack.export()).encode())
+
+
+def lifecycle(size: int, where: Path, image_url: str, env: dict[str, str], mode: str) -> None:
+    """up, a no-change preview, refresh and destroy of SIZE proxies on
+    simulated hosts, and the state's size per proxy after up; beside them the
+    floor program's up and destroy of as many resources, and its state."""
+    stack = CliStack(
+        where / "life",
+        "life",
+        fleet_config(size, HOSTS, where, image_url),
+        env | simulated_env(where / "hosts"),
+    )
+    up = timed(stack, "up", "--yes", "--skip-preview")
+    up.resources = resources = len(stack.resources())
+    state = _state_bytes(stack)
+    floor = CliStack(
+        where / "floor",
+        "floor",
+        {"count": str(resources)},
+        env,
+        program=ROOT / "bench" / "floor_program",
+    )
+    floor_up = timed(floor, "up", "--yes", "--skip-preview", resources=resources)
+    floor_state = _state_bytes(floor)
+    report(f"floor up, {mode}", size, floor_up, None, None)
+    report(f"up, {mode}", size, up, None, floor_up)
+    steps = (
+        ("no-change preview", ("preview", "--expect-no-changes")),
+        ("refresh", ("refresh", "--yes", "--skip-preview", "--expect-no-changes")),
+    )
+    for label, args in steps:
+        report(f"{label}, {mode}", size, timed(stack, *args, resources=resources), None, None)
+    floor_down = timed(floor, "destroy", "--yes", "--skip-preview", resources=resources)
+    report(f"floor destroy, {mode}", size, floor_down, None, None)
+    down = timed(stack, "destroy", "--yes", "--skip-preview", resources=resources)
+    report(f"destroy, {mode}", size, down, None, floor_down)
+    per_resource = floor_state / resources
+    print(
+        f"state, {mode:<15} {size:4d} proxies {resources:5d} resources  "
+        f"{state / 1024:7.0f} KiB = {state / size / 1024:5.2f} KiB/proxy; "
+        f"floor {per_resource / 1024:4.2f} KiB/resource, "
+        f"{per_resource * resources / size / 1024:5.2f} KiB/proxy at "
+        f"{resources / size:.2f} resources/proxy (x floor {state / (per_resource * resources):.2f})",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200, 400])
+    parser.add_argument(
+        "--lifecycle-sizes",
+        type=int,
+        nargs="*",
+        default=[100, 400],
+        help="up, no-change preview, refresh, destroy on simulated hosts (none: skip)",
+    )
     args = parser.parse_args()
-    with TemporaryDirectory(prefix="stack-scale-") as tmp:
+    with TemporaryDirectory(prefix="stack-scale-") as tmp, FileServer() as server:
         root = Path(tmp)
+        image = serve(server, random_qcow2(root, data_mib=1, virtual_mib=16))
         for skip in (False, True):
             env = {"PULUMI_SKIP_CHECKPOINTS": "true"} if skip else {}
             mode = "skip checkpoints" if skip else "default"
@@ -185,14 +156,8 @@ def main() -> None:
             for size in args.sizes:
                 where = root / f"{'skip' if skip else 'default'}-{size}"
                 where.mkdir()
-                ours = preview(
-                    CliStack(
-                        where / "fleet",
-                        "fleet",
-                        fleet_config(size, HOSTS, where, "http://img.invalid/d.qcow2"),
-                        env,
-                    )
-                )
+                config = fleet_config(size, HOSTS, where, "http://img.invalid/d.qcow2")
+                ours = timed(CliStack(where / "fleet", "fleet", config, env), "preview")
                 floor_stack = CliStack(
                     where / "floor",
                     "floor",
@@ -200,10 +165,14 @@ def main() -> None:
                     env,
                     program=ROOT / "bench" / "floor_program",
                 )
-                floor = preview(floor_stack)
+                floor = timed(floor_stack, "preview")
                 report(f"floor, {mode}", size, floor, previous.get("floor"), None)
                 report(f"fleet, {mode}", size, ours, previous.get("fleet"), floor)
                 previous = {"floor": (size, floor), "fleet": (size, ours)}
+            for size in args.lifecycle_sizes:
+                where = root / f"life-{'skip' if skip else 'default'}-{size}"
+                where.mkdir()
+                lifecycle(size, where, image.url, env, mode)
 
 
 if __name__ == "__main__":
