@@ -16,15 +16,13 @@ from providers.kvm.rules import (
     DomainType,
     Firmware,
 )
+from proxyinfra.cloudinit import default_vendor_data
 from proxyinfra.config import Model, Name, ProviderEntry
 
-DEFAULT_VENDOR_DATA = """\
-#cloud-config
-packages:
-  - qemu-guest-agent
-runcmd:
-  - [systemctl, enable, --now, qemu-guest-agent]
-"""
+# A script, not #cloud-config: user-data keys replace vendor-data keys
+# wholesale, so the agent's `runcmd` and `packages` would be dropped by every
+# proxy's own (proxyinfra/cloudinit.py, the one copy).
+DEFAULT_VENDOR_DATA = default_vendor_data()
 
 
 class KvmImage(Model):
