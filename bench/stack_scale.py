@@ -145,11 +145,18 @@ def main() -> None:
         default=[100, 400],
         help="up, no-change preview, refresh, destroy on simulated hosts (none: skip)",
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["default", "skip"],
+        default=["default", "skip"],
+        help="the engine as it runs by default, and with PULUMI_SKIP_CHECKPOINTS=true",
+    )
     args = parser.parse_args()
     with TemporaryDirectory(prefix="stack-scale-") as tmp, FileServer() as server:
         root = Path(tmp)
         image = serve(server, random_qcow2(root, data_mib=1, virtual_mib=16))
-        for skip in (False, True):
+        for skip in [mode == "skip" for mode in args.modes]:
             env = {"PULUMI_SKIP_CHECKPOINTS": "true"} if skip else {}
             mode = "skip checkpoints" if skip else "default"
             previous: dict[str, tuple[int, Run]] = {}
