@@ -86,6 +86,17 @@ def report(
     print("  ".join(parts), flush=True)
 
 
+def floor_stack(where: Path, resources: int, env: dict[str, str]) -> CliStack:
+    """A stack of bench/floor_program registering RESOURCES trivial resources."""
+    return CliStack(
+        where / "floor",
+        "floor",
+        {"count": str(resources)},
+        env,
+        program=ROOT / "bench" / "floor_program",
+    )
+
+
 def _state_bytes(stack: CliStack) -> int:
     return len(json.dumps(stack.export()).encode())
 
@@ -103,13 +114,7 @@ def lifecycle(size: int, where: Path, image_url: str, env: dict[str, str], mode:
     up = timed(stack, "up", "--yes", "--skip-preview")
     up.resources = resources = len(stack.resources())
     state = _state_bytes(stack)
-    floor = CliStack(
-        where / "floor",
-        "floor",
-        {"count": str(resources)},
-        env,
-        program=ROOT / "bench" / "floor_program",
-    )
+    floor = floor_stack(where, resources, env)
     floor_up = timed(floor, "up", "--yes", "--skip-preview", resources=resources)
     floor_state = _state_bytes(floor)
     report(f"floor up, {mode}", size, floor_up, None, None)
@@ -156,28 +161,21 @@ def main() -> None:
     with TemporaryDirectory(prefix="stack-scale-") as tmp, FileServer() as server:
         root = Path(tmp)
         image = serve(server, random_qcow2(root, data_mib=1, virtual_mib=16))
-        for skip in [mode == "skip" for mode in args.modes]:
-            env = {"PULUMI_SKIP_CHECKPOINTS": "true"} if skip else {}
-            mode = "skip checkpoints" if skip else "default"
+        for name in args.modes:
+            env = {"PULUMI_SKIP_CHECKPOINTS": "true"} if name == "skip" else {}
+            mode = "skip checkpoints" if name == "skip" else "default"
             previous: dict[str, tuple[int, Run]] = {}
             for size in args.sizes:
-                where = root / f"{'skip' if skip else 'default'}-{size}"
+                where = root / f"{name}-{size}"
                 where.mkdir()
                 config = fleet_config(size, HOSTS, where, "http://img.invalid/d.qcow2")
                 ours = timed(CliStack(where / "fleet", "fleet", config, env), "preview")
-                floor_stack = CliStack(
-                    where / "floor",
-                    "floor",
-                    {"count": str(ours.resources)},
-                    env,
-                    program=ROOT / "bench" / "floor_program",
-                )
-                floor = timed(floor_stack, "preview")
+                floor = timed(floor_stack(where, ours.resources, env), "preview")
                 report(f"floor, {mode}", size, floor, previous.get("floor"), None)
                 report(f"fleet, {mode}", size, ours, previous.get("fleet"), floor)
                 previous = {"floor": (size, floor), "fleet": (size, ours)}
             for size in args.lifecycle_sizes:
-                where = root / f"life-{'skip' if skip else 'default'}-{size}"
+                where = root / f"life-{name}-{size}"
                 where.mkdir()
                 lifecycle(size, where, image.url, env, mode)
 

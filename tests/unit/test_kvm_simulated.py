@@ -13,6 +13,7 @@ import pytest
 from providers.kvm import connection
 from providers.kvm.connection import source, use_connector
 from providers.kvm.simulated import SIMULATED_HOSTS_ENV, SimulatedHost, simulated_host
+from providers.kvm.volumes import upload
 from tests.support.testdriver import TestHost
 
 DOMAIN = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>256</memory>
@@ -38,19 +39,12 @@ def _host(directory: Path) -> SimulatedHost:
     return SimulatedHost(directory, pool="vms", network="proxies", persist=True)
 
 
-def _upload(conn: object, vol: object, data: bytes) -> None:
-    stream = conn.newStream(0)  # type: ignore[attr-defined]
-    vol.upload(stream, 0, len(data), 0)  # type: ignore[attr-defined]
-    stream.send(data)
-    stream.finish()
-
-
 def test_a_second_process_finds_what_the_first_left(tmp_path: Path) -> None:
     first = _host(tmp_path)
     conn = first.libvirt()
     pool = conn.storagePoolLookupByName("vms")
     base = pool.createXML(_volume("base.qcow2", 1 << 30), 0)
-    _upload(conn, base, b"QFI\xfb image bytes")
+    upload(conn, base, [b"QFI\xfb image bytes"], 17)
     overlay = pool.createXML(_volume("p1.qcow2", 2 << 30, backing=base.path()), 0)
     pool.createXML(_volume("gone.qcow2", 1 << 20), 0).delete(0)
     running = conn.defineXML(DOMAIN.format(name="p1", disk=overlay.path()))
