@@ -181,6 +181,22 @@ def _merge_value(ours: Any, theirs: Any, key_path: str) -> Any:
     return theirs
 
 
+def _check_settings(theirs: dict[str, Any], settings: dict[str, Any], path: str = "") -> None:
+    """A user key that one of the provider's settings already sets is an error
+    (lists excepted: `write_files` entries are checked by path)."""
+    for key, value in settings.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        their_value = theirs.get(key)
+        if their_value is None or isinstance(value, list):
+            continue
+        if isinstance(value, dict) and isinstance(their_value, dict):
+            _check_settings(their_value, value, key_path)
+            continue
+        raise ValueError(
+            f"userData may not set {key_path!r}: the provider's settings set it (change them there)"
+        )
+
+
 def _check_protected(theirs: dict[str, Any], owned_paths: list[str], hostname: str | None) -> None:
     files = theirs.get("write_files")
     for entry in files if isinstance(files, list) else []:
@@ -261,8 +277,11 @@ def render_user_data(
     *,
     hostname: str | None = None,
     password_file: str = DEFAULT_PASSWORD_FILE,
+    settings: dict[str, Any] | None = None,
 ) -> str:
-    """The proxy's #cloud-config user-data, with the user's own merged in."""
+    """The proxy's #cloud-config user-data, with the user's own merged in.
+    `settings`: cloud-config of the provider's own settings (its apt mirror),
+    added to the proxy's; the user's document may not set what they set."""
     if not isinstance(squid_conf, str) or not squid_conf.strip():
         raise ValueError("squid_conf must be the non-empty text of squid.conf")
     if password_file_content is not None and not password_file_content.strip():
@@ -271,13 +290,16 @@ def render_user_data(
         check_hostname("hostname", hostname)
     _check_auth_consistency(squid_conf, password_file_content, password_file)
     ours = _proxy_config(squid_conf, password_file_content, password_file, hostname)
+    ours = merge_cloud_config(settings or {}, ours)
     if user_data is None:
         return _dump(ours)
     theirs = parse_cloud_config(user_data)
     owned = [SQUID_CONF_PATH]
     if password_file_content is not None:
         owned.append(posixpath.normpath(password_file))
+    owned += [posixpath.normpath(f["path"]) for f in (settings or {}).get("write_files", [])]
     _check_protected(theirs, owned, hostname)
+    _check_settings(theirs, settings or {})
     return _dump(merge_cloud_config(ours, theirs))
 
 

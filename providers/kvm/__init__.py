@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from providers.kvm import checks
-from providers.kvm.config import KvmProviderEntry
+from providers.kvm.config import APT_WORD, KvmProviderEntry
 from proxyinfra.backend import Backend, Deployer
 from proxyinfra.checks import Report
 from proxyinfra.config import ProviderEntry, ProxyEntry
@@ -23,7 +23,9 @@ class KvmBackend:
     provisions = True
     takes_user_data = True
     plugin: Plugin | None = None  # dynamic resources only: run by the engine's Python provider
-    pattern_words: Mapping[str, str] = {}
+    pattern_words: Mapping[str, str] = {
+        APT_WORD: "must be one word of letters, digits, '.', '_', '/', '-' or '$' (such as $RELEASE)"
+    }
 
     def check_provider(self, entry: ProviderEntry, path: str, report: Report) -> None:
         assert isinstance(entry, KvmProviderEntry)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from providers.kvm.config import KvmProviderEntry
+from providers.kvm.config import KvmApt, KvmProviderEntry
 from providers.kvm.rules import bridge_problem, cpu_mode_problem, network_problem
 from proxyinfra.checks import Report, file_exists, one_of
 from proxyinfra.config import ProxyEntry
@@ -32,6 +32,8 @@ def check_provider(provider: KvmProviderEntry, path: str, c: Report) -> None:
             f"{provider.name!r} are not verified, so anyone who can intercept the SSH "
             "connection can impersonate the host and take over libvirt"
         )
+    if kvm.apt is not None:
+        _check_apt(kvm.apt, f"{path}.kvm.apt", c)
     seen: set[str] = set()
     for j, host in enumerate(kvm.hosts):
         hpath = f"{path}.kvm.hosts[{j}]"
@@ -48,6 +50,39 @@ def check_provider(provider: KvmProviderEntry, path: str, c: Report) -> None:
         ):
             if value is not None and (problem := rule(value)):
                 c.add(f"{hpath}.{key}", f"{value!r} {problem}")
+
+
+def _url_problem(value: str) -> str | None:
+    """What is wrong with an apt URL, in words that never repeat it."""
+    parts = urlsplit(value)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in value)
+    ):
+        return (
+            f"must be an http(s) URL (got scheme {parts.scheme or 'none'!r}, "
+            f"host {parts.hostname or 'none'!r})"
+        )
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials: they would be written into every VM's apt configuration"
+    return None
+
+
+def _check_apt(apt: KvmApt, path: str, c: Report) -> None:
+    if apt.mirror is None and apt.proxy is None:
+        c.add(path, "give a mirror, a proxy or both")
+    for key, value in (
+        ("mirror", apt.mirror),
+        ("securityMirror", apt.security_mirror),
+        ("proxy", apt.proxy),
+    ):
+        if value is not None and (problem := _url_problem(value)):
+            c.add(f"{path}.{key}", problem)
+    if apt.mirror is None:
+        for key, value in (("securityMirror", apt.security_mirror), ("key", apt.key)):
+            if value is not None:
+                c.add(f"{path}.{key}", "only with a mirror (apt.mirror)")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,33 @@ from proxyinfra.config import Model, Name, ProviderEntry
 DEFAULT_VENDOR_DATA = default_vendor_data()
 
 
+# A suite or component of an apt source line: one word, `$RELEASE` allowed.
+APT_WORD = r"^[A-Za-z0-9$][A-Za-z0-9$._/-]*$"
+AptWord = Annotated[str, Field(pattern=APT_WORD)]
+PGP_PUBLIC_KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+class KvmApt(Model):
+    """Where the VMs' apt installs from on first boot (providers/kvm/apt.py
+    renders it for cloud-init's apt module); unset, the image's own sources.
+    The URLs are checked in providers/kvm/checks.py, whose errors never echo
+    them (they could carry credentials)."""
+
+    mirror: str | None = None
+    suites: Annotated[list[AptWord], Field(min_length=1)] = ["$RELEASE", "$RELEASE-updates"]
+    components: Annotated[list[AptWord], Field(min_length=1)] = ["main"]
+    security_mirror: str | None = None
+    key: str | None = None
+    proxy: str | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _armored_key(cls, value: str) -> str:
+        if not value.startswith(PGP_PUBLIC_KEY):
+            raise ValueError(f"must be an ASCII-armored public key ({PGP_PUBLIC_KEY} ...)")
+        return value
+
+
 class KvmImage(Model):
     url: str
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
@@ -94,6 +121,7 @@ class KvmProvider(Model):
     disk_size_gb: Annotated[int, Field(ge=1, le=65536)] = 10
     vendor_data: str = DEFAULT_VENDOR_DATA
     ip_timeout_seconds: Annotated[int, Field(ge=1)] = 300
+    apt: KvmApt | None = None
     images: dict[str, KvmImage] = Field(default_factory=dict)
     machine_types: dict[str, KvmMachineType] = Field(default_factory=dict)
     hosts: Annotated[list[KvmHost], Field(min_length=1)]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pulumi
 
 from providers.kvm.access import HostAccess
+from providers.kvm.apt import apt_cloud_config
 from providers.kvm.baseimage import BaseImage, BaseImageArgs
 from providers.kvm.config import KvmHost, KvmImage, KvmProviderEntry
 from providers.kvm.domain import DomainArgs, ProxyDomain
@@ -119,15 +120,22 @@ class KvmDeployer:
     def _user_data(request: ProxyRequest) -> pulumi.Output[str]:
         squid_conf = render_squid_conf(settings_from_config(request.squid))
         own = request.replica.entry.user_data
+        provider = request.replica.provider
+        assert isinstance(provider, KvmProviderEntry)
+        settings = apt_cloud_config(provider.kvm.apt)
         creds = request.credentials
         if creds is None:
             return pulumi.Output.secret(
-                render_user_data(squid_conf, None, own, hostname=request.id)
+                render_user_data(squid_conf, None, own, hostname=request.id, settings=settings)
             )
         return pulumi.Output.secret(
             creds.password_hash.apply(
                 lambda digest: render_user_data(
-                    squid_conf, password_file_line(creds.username, digest), own, hostname=request.id
+                    squid_conf,
+                    password_file_line(creds.username, digest),
+                    own,
+                    hostname=request.id,
+                    settings=settings,
                 )
             )
         )

@@ -214,21 +214,25 @@ class ProxyDomainProvider(KvmProvider):
         )
         self._remove(found, 0.0)
 
-    def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> str:
-        """Agent first (knows the guest's own view), then the network's DHCP
-        lease, then ARP (bridges only: the host's neighbour table)."""
+    def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> tuple[str, str]:
+        """The address and where it came from: the agent first (knows the
+        guest's own view), then the network's DHCP lease, then ARP (bridges
+        only: the host's neighbour table)."""
         access = args.host
         timeout = float(args.ip_timeout_seconds)
         mac = mac_for(args.name)
-        net = conn.networkLookupByName(access.network) if access.network else None
+        network = access.network or ""
+        net = conn.networkLookupByName(network) if network else None
         deadline = time.monotonic() + timeout
         interval = POLL_START
         while True:
-            ip = _address_from_agent(dom, mac) or (
-                _address_from_lease(net, mac) if net is not None else _address_from_arp(dom, mac)
+            found = _address_from_agent(dom, mac) or (
+                _address_from_lease(net, mac, network)
+                if net is not None
+                else _address_from_arp(dom, mac)
             )
-            if ip:
-                return ip
+            if found:
+                return found
             if time.monotonic() + interval > deadline:
                 source = (
                     f"network {access.network!r}" if access.network else f"bridge {access.bridge!r}"
@@ -258,7 +262,7 @@ class ProxyDomainProvider(KvmProvider):
         ip = props.get("ip")
         if state == "running" and access.network:
             net = conn.networkLookupByName(access.network)
-            ip = _address_from_lease(net, mac_for(args.name)) or ip
+            ip = _lease_ip(net, mac_for(args.name)) or ip
         # The persistent definition: what the domain is, and boots as next.
         info = parse_domain(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         outs = {**props, **read_back(info, props), "state": state, "ip": ip}
@@ -304,8 +308,10 @@ class ProxyDomainProvider(KvmProvider):
         """The address of a domain just started, logged with how long it took."""
         log.info("domain started; waiting up to %ss for its address", args.ip_timeout_seconds)
         started = time.monotonic()
-        ip = self._wait_for_ip(conn, dom, args)
-        log.info("domain has address %s after %.1fs", ip, time.monotonic() - started)
+        ip, source = self._wait_for_ip(conn, dom, args)
+        log.info(
+            "domain has address %s from %s after %.1fs", ip, source, time.monotonic() - started
+        )
         return ip
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -381,11 +387,20 @@ class DomainStopped(KvmError):
     pass
 
 
-def _address_from_agent(dom: Any, mac: str) -> str | None:
+# Where an address came from, as the create logs it.
+FROM_AGENT = "the guest agent"
+FROM_ARP = "the host's ARP table"
+
+
+def _from(source: str, ip: str | None) -> tuple[str, str] | None:
+    return (ip, source) if ip else None
+
+
+def _address_from_agent(dom: Any, mac: str) -> tuple[str, str] | None:
     """Also the liveness check of the wait (no extra RPC): asking the agent of a
     domain that is not running fails with OPERATION_INVALID."""
     try:
-        return _first_ipv4(dom.interfaceAddresses(AGENT, 0), mac)
+        return _from(FROM_AGENT, _first_ipv4(dom.interfaceAddresses(AGENT, 0), mac))
     except libvirt.libvirtError as error:
         if error.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
             raise DomainStopped(
@@ -394,16 +409,20 @@ def _address_from_agent(dom: Any, mac: str) -> str | None:
         return None  # no agent (yet): fall through to the other sources
 
 
-def _address_from_lease(net: Any, mac: str) -> str | None:
+def _lease_ip(net: Any, mac: str) -> str | None:
     for lease in net.DHCPLeases(mac):
         if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and lease.get("ipaddr"):
             return str(lease["ipaddr"])
     return None
 
 
-def _address_from_arp(dom: Any, mac: str) -> str | None:
+def _address_from_lease(net: Any, mac: str, network: str) -> tuple[str, str] | None:
+    return _from(f"the DHCP lease of network {network!r}", _lease_ip(net, mac))
+
+
+def _address_from_arp(dom: Any, mac: str) -> tuple[str, str] | None:
     try:
-        return _first_ipv4(dom.interfaceAddresses(ARP, 0), mac)
+        return _from(FROM_ARP, _first_ipv4(dom.interfaceAddresses(ARP, 0), mac))
     except libvirt.libvirtError:
         return None
 

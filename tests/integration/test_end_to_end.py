@@ -147,7 +147,9 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             assert fetched is not None, log[-4000:]
             how = "download" if fetched.group(1).startswith("fetched") else "cached, no download"
             stages.add(f"download into the pool ({how})", float(fetched.group(2)))
-            address_lines = r"name=(proxy-[0-9a-f]{10}) domain has address (\S+) after ([\d.]+)s"
+            address_lines = (
+                r"name=(proxy-[0-9a-f]{10}) domain has address (\S+) from .+? after ([\d.]+)s"
+            )
             booted = {pid: (ip, float(s)) for pid, ip, s in re.findall(address_lines, log)}
             assert sorted(booted) == sorted(ids), log[-4000:]
             boot = max(seconds for _, seconds in booted.values())

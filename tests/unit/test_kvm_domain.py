@@ -237,7 +237,7 @@ def test_a_libvirt_failure_during_create_names_the_host(test_host: TestHost) -> 
         def _remove(dom: Any, shutdown_timeout: float) -> None:
             raise libvirt.libvirtError("internal error: client socket is closed")
 
-        def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> str:
+        def _wait_for_ip(self, conn: Any, dom: Any, args: DomainArgs[str]) -> tuple[str, str]:
             raise libvirt.libvirtError("End of file while reading data: Input/output error")
 
     with pytest.raises(libvirt.libvirtError) as caught:
@@ -246,3 +246,47 @@ def test_a_libvirt_failure_during_create_names_the_host(test_host: TestHost) -> 
     assert "End of file while reading data" in str(caught.value)  # the first error, kept
     assert "host 'testhost'" in notes and f"domain {NAME}" in notes
     assert "may remain: internal error: client socket is closed" in notes
+
+
+def _answer_only(test_host: TestHost, source: int) -> None:
+    """The guest answers through one address source only (the driver knows them all)."""
+    real = test_host.interface_addresses
+
+    def answer(dom: Any, asked: int, flags: int) -> Any:
+        return real(dom, asked, flags) if asked == source else {}
+
+    test_host.interface_addresses = answer  # type: ignore[method-assign,assignment]
+
+
+@pytest.mark.parametrize(
+    ("source", "access", "logged"),
+    [
+        (libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, {}, "the guest agent"),
+        (
+            libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+            {"network": None, "bridge": "br0"},
+            "the guest agent",
+        ),
+        (
+            libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
+            {"network": None, "bridge": "br0"},
+            "the host's ARP table",
+        ),
+    ],
+    ids=["agent-on-network", "agent-on-bridge", "arp-on-bridge"],
+)
+def test_the_create_logs_where_the_address_came_from(
+    test_host: TestHost,
+    caplog: pytest.LogCaptureFixture,
+    source: int,
+    access: dict[str, Any],
+    logged: str,
+) -> None:
+    _answer_only(test_host, source)
+    props = inputs(test_host) | {"host": test_host.access(**access).to_props()}
+    caplog.set_level("INFO", logger="kvm")
+    result = ProxyDomainProvider().create(props)
+    assert result.outs is not None
+    ip = result.outs["ip"]
+    lines = [r.getMessage() for r in caplog.records if "domain has address" in r.getMessage()]
+    assert len(lines) == 1 and f"domain has address {ip} from {logged} after" in lines[0], lines

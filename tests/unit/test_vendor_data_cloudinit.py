@@ -6,7 +6,6 @@ then run with apt-get, dpkg-query and systemctl replaced by recorders."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from providers.kvm.config import DEFAULT_VENDOR_DATA
-from proxyinfra.cloudinit import render_meta_data, render_user_data
+from proxyinfra.cloudinit import render_user_data
 from proxyinfra.squid import SquidSettings, password_file_line, render_squid_conf
+from tests.support.cloudinit import consumed
 
-SANDBOX = Path(__file__).resolve().parents[1] / "support" / "cloudinit_sandbox.py"
-DEBIAN_PYTHON = "/usr/bin/python3"  # the interpreter of Debian's cloud-init package
 AGENT = "qemu-guest-agent"
 HASH = "$2b$04$bvm.OktaeZIpywMzu35NVear2J3xhiQSv7SKKa/COIqcpXw9b6wkm"
 
@@ -30,26 +28,6 @@ USER_EXTRAS = {
         "#cloud-config\npackages: [htop, curl]\nruncmd:\n  - [touch, /var/tmp/user-was-here]\n"
     ),
 }
-
-
-def consumed(user_data: str, vendor_data: str) -> dict[str, object]:
-    documents = {
-        "user-data": user_data,
-        "meta-data": render_meta_data("proxy-0123456789", "p0"),
-        "vendor-data": vendor_data,
-    }
-    done = subprocess.run(
-        [DEBIAN_PYTHON, "-I", str(SANDBOX)],  # -I: not this checkout's modules
-        input=json.dumps(documents),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout)
-    assert result["datasource"] == "DataSourceNoCloud"
-    return result
 
 
 def recorded_run(script: str, tmp_path: Path) -> list[str]:
@@ -94,9 +72,9 @@ def test_the_default_vendor_data_installs_and_starts_the_agent(extra: str, tmp_p
     assert agent_outcome(result, tmp_path) == (True, True), result
     # The user's own wishes survive beside it.
     if "packages" in extra:
-        assert "htop" in result["packages"]  # type: ignore[operator]
+        assert "htop" in result["packages"]
     if "runcmd" in extra:
-        assert any("user-was-here" in str(c) for c in result["runcmd"])  # type: ignore[attr-defined]
+        assert any("user-was-here" in str(c) for c in result["runcmd"])
 
 
 def test_a_cloud_config_vendor_data_loses_the_agent_to_any_user_runcmd(tmp_path: Path) -> None:
