@@ -17,7 +17,10 @@ from tests.support.kube import (
     kube_cluster,  # noqa: F401  (session fixture: scripts/kube up)
 )
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
-from tests.support.testbed import testbed  # noqa: F401  (session fixture: the libvirt testbed)
+from tests.support.testbed import (  # noqa: F401  (fixtures: the libvirt testbed, a connection to it)
+    testbed,
+    testbed_conn,
+)
 
 CLI_MARK = "pulumi_cli"
 

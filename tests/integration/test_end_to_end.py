@@ -20,13 +20,11 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
-import libvirt
 import pytest
 
 from egress_proxies_client import NoProxyAvailable, lease
@@ -38,18 +36,17 @@ from tests.support.proxyvm import (
     PAGE,
     PageServer,
     Stages,
+    destroy_and_clean,
     guest_diagnostics,
     guest_run,
-    leftovers,
     pool_volumes,
     proxy_vm_provider,
-    remove,
     self_signed,
     wait_for_squid,
 )
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
-from tests.support.testbed import URI, Testbed
+from tests.support.testbed import Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -97,21 +94,12 @@ def both_healthy(client: httpx.Client) -> bool:
     )
 
 
-@pytest.fixture
-def conn() -> Iterator[Any]:
-    libvirt.registerErrorHandler(lambda *a: None, None)
-    c = libvirt.open(URI)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 # A hang guard: an image build from nothing takes about 4 min, the rest about 5 (TCG).
 @pytest.mark.timeout(1800)
 def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
-    testbed: Testbed, conn: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    testbed: Testbed, testbed_conn: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    conn = testbed_conn
     stages = Stages(capsys)
     image = proxy_image()
     stages.add(f"image build ({'cached' if image.cached else 'built'})", image.seconds)
@@ -246,16 +234,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     finally:
         if service is not None:
             service.stop()
-        destroyed = ""
-        if stack.resources():
-            before = time.monotonic()
-            down = stack.run("destroy", "--yes", "--skip-preview", timeout=600)
-            stages.add("pulumi destroy (the CLI)", time.monotonic() - before)
-            if down.returncode != 0:
-                destroyed = f"{down.stdout[-3000:]}\n{down.stderr[-2000:]}"
-        left = leftovers(conn, testbed, ids)
-        if left:
-            remove(conn, testbed, ids)
+        destroyed, left = destroy_and_clean(stack, conn, testbed, ids, stages)
         stages.show(f"\nend to end, stack {stack_name}: stages\n{stages.table()}")
 
     assert not destroyed, destroyed

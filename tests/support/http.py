@@ -24,6 +24,7 @@ import io
 import os
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -70,6 +71,7 @@ class FileServer:
         self._routes: dict[str, Route] = {}
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._host = host
         self._httpd = ThreadingHTTPServer((host, 0), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -109,7 +111,7 @@ class FileServer:
     # -- routes ------------------------------------------------------------------------
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self._host}:{self.port}{path}"
 
     def add(
         self,
@@ -129,6 +131,13 @@ class FileServer:
         with self._lock:
             self._routes[path] = route
         return self.url(path)
+
+    def add_tree(self, prefix: str, directory: Path) -> str:
+        """Serve every file below `directory` under `prefix`; returns its URL."""
+        for file in sorted(directory.rglob("*")):
+            if file.is_file():
+                self.add(f"{prefix}/{file.relative_to(directory).as_posix()}", file=file)
+        return self.url(prefix)
 
     def route(self, path: str) -> Route | None:
         with self._lock:
@@ -166,7 +175,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # tests read counts, not access logs
 
     def _answer(self, *, body: bool) -> None:
-        path = self.path.split("?", 1)[0]
+        # Decoded as a web server does: apt asks for `+` and `~` as %2b and %7e.
+        path = urllib.parse.unquote(self.path.split("?", 1)[0])
         route = self.files._seen(path)
         if route is None:
             self.send_error(HTTPStatus.NOT_FOUND)

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from proxyinfra.names import overlay_volume, seed_volume
+from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
 from tests.support.testbed import Testbed
 
@@ -227,6 +228,25 @@ def remove(conn: Any, testbed: Testbed, ids: list[str]) -> None:
         for name in (overlay_volume(pid), seed_volume(pid)):
             with contextlib.suppress(libvirt.libvirtError):
                 pool.storageVolLookupByName(name).delete(0)
+
+
+def destroy_and_clean(
+    stack: CliStack, conn: Any, testbed: Testbed, ids: list[str], stages: Stages
+) -> tuple[str, list[str]]:
+    """`pulumi destroy` of what the stack holds, then removal of what it left
+    (the testbed is shared): the destroy's failure output ("" when it
+    succeeded) and what was left before the removal."""
+    destroyed = ""
+    if stack.resources():
+        before = time.monotonic()
+        down = stack.run("destroy", "--yes", "--skip-preview", timeout=600)
+        stages.add("pulumi destroy (the CLI)", time.monotonic() - before)
+        if down.returncode != 0:
+            destroyed = f"{down.stdout[-3000:]}\n{down.stderr[-2000:]}"
+    left = leftovers(conn, testbed, ids)
+    if left:
+        remove(conn, testbed, ids)
+    return destroyed, left
 
 
 # -- stage timings -----------------------------------------------------------------------------

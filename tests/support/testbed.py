@@ -19,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+import libvirt
 import pytest
 import yaml
 
@@ -163,6 +164,17 @@ class Testbed:
             timeout=60,
             check=False,
         )
+
+
+@pytest.fixture
+def testbed_conn(testbed: Testbed) -> Iterator[Any]:
+    """A libvirt connection to the testbed's libvirtd (root, local socket)."""
+    libvirt.registerErrorHandler(lambda *a: None, None)
+    connection = libvirt.open(URI)
+    try:
+        yield connection
+    finally:
+        connection.close()
 
 
 def load_testbed() -> Testbed:
