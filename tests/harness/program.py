@@ -11,7 +11,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +33,8 @@ class RegisteredResource:
     secret_inputs: list[str]
     secret_outputs: list[str]
     error: str | None  # set when the registration failed
+    # URNs it waits for: depends_on and the resources whose outputs its inputs use
+    dependencies: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ class RecordingMonitor(MockMonitor):
             "secret_inputs": secret_inputs,
             "secret_outputs": [],
             "error": None,
+            "dependencies": sorted(request.dependencies),
         }
         self._local.urn = urn
         self._local.additional_secrets = list(request.additionalSecretOutputs)

@@ -24,6 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.test import get_crawler
 
 from discovery.service import Service
 from egress_proxies_client import (
@@ -34,6 +37,8 @@ from egress_proxies_client import (
     PoolClosed,
     alease,
 )
+from egress_proxies_client._bans import BanPolicy
+from egress_proxies_client.scrapy import DiscoveryProxyMiddleware
 from tests.support.discovery import (
     FakeHealth,
     ServerThread,
@@ -265,6 +270,63 @@ def test_close_releases_every_lease_and_ends_the_pool(tmp_path: Path) -> None:
                 await leases.acquire("a.example")
 
     asyncio.run(run())
+
+
+class GrantGate(httpx.AsyncBaseTransport):
+    """The service's transport, holding each grant (POST /v1/leases) until
+    `release` is set, so a test can act while one is under way."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/leases":
+            self.entered.set()
+            await self.release.wait()
+        return await self.inner.handle_async_request(request)
+
+
+def test_a_lease_granted_while_the_pool_closes_is_given_back(tmp_path: Path) -> None:
+    async def run() -> None:
+        async with service(tmp_path) as (http, _):
+            gate = GrantGate(http._transport)
+            async with httpx.AsyncClient(transport=gate, base_url=URL) as gated:
+                leases = pool(gated)
+                acquiring = asyncio.create_task(leases.acquire("shop.example"))
+                await gate.entered.wait()
+                closing = asyncio.create_task(leases.aclose())
+                await asyncio.sleep(0)  # aclose() has begun: the pool is closed
+                assert leases.closed
+                gate.release.set()  # now the service grants
+                with pytest.raises(PoolClosed):
+                    await acquiring
+                await closing
+            assert await leased(http) == set(), "the late grant must be released at once"
+
+    asyncio.run(run())
+
+
+def test_the_scrapy_middleware_sends_nothing_once_the_pool_is_closed(tmp_path: Path) -> None:
+    """A request must never leave from the crawler's own address: with the
+    pool closed (the spider closing) it is dropped, not sent without a proxy."""
+    crawler = get_crawler(Spider)
+
+    async def run() -> Request:
+        async with service(tmp_path) as (http, _):
+            leases = pool(http)
+            await leases.aclose()
+            middleware = DiscoveryProxyMiddleware(
+                crawler, leases, BanPolicy(), ban_retries=5, error_exceptions=()
+            )
+            request = Request("https://shop.example/page")
+            with pytest.raises(IgnoreRequest):
+                await middleware.process_request(request)
+            return request
+
+    request = asyncio.run(run())
+    assert request.meta.get("proxy") is None
 
 
 def test_a_refusal_that_waiting_cannot_change_is_raised_at_once(tmp_path: Path) -> None:

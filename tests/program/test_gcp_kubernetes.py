@@ -384,9 +384,20 @@ def test_deployment_probes_limits_security_and_mounts(fleet: ProgramResult) -> N
         "requests": {"cpu": "50m", "memory": "64Mi"},
         "limits": {"cpu": "1", "memory": "128Mi"},
     }
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert pod["securityContext"]["runAsUser"] == 13 and pod["securityContext"]["runAsNonRoot"]
+    # The restricted Pod Security Standard, setting by setting (docs/kubernetes-provider.md).
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 13,
+        "runAsGroup": 13,
+        "fsGroup": 13,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["automountServiceAccountToken"] is False
     assert pod["nodeSelector"] == {"topology.kubernetes.io/zone": "europe-west1-b"}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -399,6 +410,9 @@ def test_deployment_probes_limits_security_and_mounts(fleet: ProgramResult) -> N
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["config"]["configMap"]["name"] == pid("pods-1")
     assert volumes["auth"]["secret"]["secretName"] == f"{pid('pods-1')}-auth"
+    # The password hashes readable by squid's group only; the config by all.
+    assert volumes["auth"]["secret"]["defaultMode"] == 0o440
+    assert volumes["config"]["configMap"]["defaultMode"] == 0o444
     conf = by_name(fleet, CONFIG_MAP)["pods-1-squid-conf"].inputs["data"]["squid.conf"]
     digest = hashlib.sha256(conf.encode()).hexdigest()
     annotations = spec["template"]["metadata"]["annotations"]
@@ -428,6 +442,18 @@ def test_services_and_network_policies(fleet: ProgramResult) -> None:
     ]
     edge = policies["edge-0-network-policy"].inputs["spec"]
     assert edge["ingress"][0]["from"] == [{"ipBlock": {"cidr": c}} for c in clients]
+
+
+def test_the_pod_waits_for_its_network_policy_config_and_secret(fleet: ProgramResult) -> None:
+    """The policy first, so the pod is never reachable without it; the
+    ConfigMap and Secret it mounts by name must exist before it starts."""
+    for replica in ("pods-0", "pods-1", "edge-0"):
+        policy = by_name(fleet, NETWORK_POLICY)[f"{replica}-network-policy"].urn
+        waits = set(by_name(fleet, DEPLOYMENT)[f"{replica}-deployment"].dependencies)
+        assert policy in waits
+        assert by_name(fleet, CONFIG_MAP)[f"{replica}-squid-conf"].urn in waits
+        assert by_name(fleet, SECRET)[f"{replica}-auth"].urn in waits
+        assert policy in by_name(fleet, SERVICE)[f"{replica}-service"].dependencies
 
 
 def test_namespace_created_or_used_and_providers_explicit(fleet: ProgramResult) -> None:

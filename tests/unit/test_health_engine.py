@@ -180,6 +180,31 @@ def test_new_proxy_state_error_and_changed_at() -> None:
         run(eng.probe_now("nope"))
 
 
+# Every outcome a proxy answers with that is not a tunnel: its own fault.
+FAILURES = [o for o in Outcome if o not in (Outcome.OK, Outcome.LOCAL)]
+
+
+@pytest.mark.parametrize("outcome", FAILURES, ids=[o.value for o in FAILURES])
+def test_no_answer_but_a_tunnel_makes_a_proxy_healthy(outcome: Outcome) -> None:
+    """407 (stale credentials), 403 (refuses us), 502-504 (broken upstream)
+    and every other failure: never healthy, and a healthy proxy falls."""
+    fake = FakeProbe(results={"new": [failed(outcome)], "was-ok": [ok(), failed(outcome)]})
+    eng = engine(fake, fail_threshold=1, ok_threshold=1)
+    eng.set_fleet(endpoints("new", "was-ok"))
+
+    async def body() -> list[Health]:
+        return [
+            (await eng.probe_now("new")).health,
+            (await eng.probe_now("new")).health,
+            (await eng.probe_now("was-ok")).health,
+            (await eng.probe_now("was-ok")).health,
+        ]
+
+    assert run(body()) == [Health.UNHEALTHY] * 2 + [Health.HEALTHY, Health.UNHEALTHY]
+    state = eng.health("was-ok")
+    assert state is not None and state.last_error == f"{outcome.value}: fake {outcome.value}"
+
+
 def test_latency_is_an_ewma_of_successful_probes() -> None:
     fake = FakeProbe(results={"a": [ok(10.0), ok(20.0), failed(), ok(0.0)]})
     eng = engine(fake, latency_alpha=0.5, fail_threshold=5)

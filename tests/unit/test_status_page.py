@@ -5,6 +5,7 @@ and the real app in this process for what a client may send it."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,50 @@ def test_revoked_cookies_are_kept_until_they_expire_and_bounded() -> None:
     now[0] += 13 * 3600  # all expired: the next revocation drops them
     sessions.revoke(sessions.new_cookie())
     assert len(sessions._revoked) == 1
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ", f"Basic {TOKEN}", TOKEN],
+    ids=["longer", "shorter", "empty", "other-scheme", "no-scheme"],
+)
+def test_the_page_data_needs_the_very_token(tmp_path: Path, authorization: str) -> None:
+    """Any other Authorization header than `Bearer <token>` is refused, by the
+    page's data endpoint and by its login form alike; the token itself opens both."""
+
+    async def scenario() -> None:
+        async with served(tmp_path) as (http, _):
+            refused = await http.get("/ui/api/status", headers={"Authorization": authorization})
+            assert refused.status_code == 401, refused.text
+            right = await http.get("/ui/api/status", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert right.status_code == 200 and right.json()["totals"]["proxies"] == 1
+            given = authorization.rpartition(" ")[2]
+            if given != TOKEN:
+                login = await http.post("/ui/login", data={"token": given})
+                assert COOKIE not in login.cookies
+
+    asyncio.run(scenario())
+
+
+def test_tokens_are_compared_in_constant_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's bearer token and the page's: through hmac.compare_digest, on
+    digests of equal length (not even the token's length leaks)."""
+    compared: list[tuple[int, int]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+
+    async def scenario() -> None:
+        async with served(tmp_path) as (http, _):
+            wrong = {"Authorization": "Bearer wrong"}
+            assert (await http.get("/v1/proxies", headers=wrong)).status_code == 401
+            assert (await http.get("/ui/api/status", headers=wrong)).status_code == 401
+
+    asyncio.run(scenario())
+    assert len(compared) >= 2 and set(compared) == {(32, 32)}
