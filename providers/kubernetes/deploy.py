@@ -16,7 +16,14 @@ from pulumi.output import UNKNOWN
 
 from providers.kubernetes.config import KubernetesProviderEntry
 from providers.kubernetes.container import CONFIG_KEY, PASSWORDS_KEY, container_settings
-from providers.kubernetes.labels import PART_OF, STACK_LABEL, label_value, proxy_labels, selector
+from providers.kubernetes.labels import (
+    PART_OF,
+    POD_SECURITY_LABEL,
+    STACK_LABEL,
+    label_value,
+    proxy_labels,
+    selector,
+)
 from providers.kubernetes.network import network_policy_spec, service_spec
 from providers.kubernetes.workload import deployment_spec
 from proxyinfra.backend import Endpoint, ProxyRequest
@@ -92,6 +99,9 @@ class KubernetesDeployer:
                             "app.kubernetes.io/part-of": PART_OF,
                             "app.kubernetes.io/managed-by": "pulumi",
                             STACK_LABEL: label_value(request.stack),
+                            # The API server refuses any pod here that is
+                            # less locked down than the proxies' are.
+                            POD_SECURITY_LABEL: "restricted",
                         },
                     ),
                     opts=pulumi.ResourceOptions(provider=provider),

@@ -9,6 +9,8 @@ from proxyinfra.backend import ProxyRequest
 PART_OF = "egress-proxies"
 PROJECT_LABEL = "egress-proxies/project"
 STACK_LABEL = "egress-proxies/stack"
+# Pod Security admission: the level the namespace the stack creates enforces.
+POD_SECURITY_LABEL = "pod-security.kubernetes.io/enforce"
 NAME_LABEL = "egress-proxies/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 

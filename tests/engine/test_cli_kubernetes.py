@@ -142,6 +142,19 @@ def test_up_brings_every_pod_to_ready_and_lists_their_addresses(
         ready = {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}
         assert ready["Ready"] == "True" and ready["ContainersReady"] == "True"
         assert pods[0]["spec"]["containers"][0]["image"] == kube_cluster.squid_image
+    # The namespace enforces the restricted Pod Security Standard, which the
+    # pods above passed; a pod without the proxies' hardening is refused.
+    namespace = api.get(f"/api/v1/namespaces/{NAMESPACE}")
+    assert namespace is not None
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    plain_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-hardened"},
+        "spec": {"containers": [{"name": "squid", "image": kube_cluster.squid_image}]},
+    }
+    refused = api.http.post(ns("/pods"), params={"dryRun": "All"}, json=plain_pod)
+    assert refused.status_code == 403 and "violates PodSecurity" in refused.text, refused.text
     fleet = stack.output("fleet")
     entries = {p["name"]: p for p in fleet["proxies"]}
     assert sorted(entries) == sorted(NAMES)

@@ -460,6 +460,8 @@ def test_namespace_created_or_used_and_providers_explicit(fleet: ProgramResult) 
     namespaces = by_name(fleet, NAMESPACE)
     assert list(namespaces) == ["cluster-namespace"]  # "edge" uses an existing one
     assert namespaces["cluster-namespace"].inputs["metadata"]["name"] == "egress"
+    labels = namespaces["cluster-namespace"].inputs["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     providers = {r.name: r.inputs for r in fleet.resources_of_type("pulumi:providers:kubernetes")}
     assert providers["edge"]["context"] == "edge-ctx"
     assert "kubeconfig" not in providers["cluster"]  # ambient
