@@ -43,6 +43,7 @@ def apt_cloud_config(apt: KvmApt | None) -> dict[str, Any]:
         settings["proxy"] = apt.proxy
     if apt.key:
         # Not deferred: written in the init stage, before the config stage's apt module.
-        key_file = {"path": KEY_PATH, "content": apt.key, "owner": "root:root"}
-        config["write_files"] = [key_file | {"permissions": "0644"}]
+        config["write_files"] = [
+            {"path": KEY_PATH, "content": apt.key, "owner": "root:root", "permissions": "0644"}
+        ]
     return config

@@ -54,7 +54,11 @@ def check_provider(provider: KvmProviderEntry, path: str, c: Report) -> None:
 
 def _url_problem(value: str) -> str | None:
     """What is wrong with an apt URL, in words that never repeat it."""
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        parts.hostname  # noqa: B018 (raises for a malformed IPv6 host)
+    except ValueError:
+        return "must be an http(s) URL (it does not parse as one)"
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname

@@ -131,6 +131,10 @@ def test_bad_settings_are_named_and_urls_never_echoed(tmp_path: Path) -> None:
         "every VM's apt configuration",
     ]
     assert not any("s3cret" in e for e in errors)
+    errors = config_errors({"mirror": "http://[fe80::1/debian"}, tmp_path)
+    assert errors == [
+        "providers[0].kvm.apt.mirror: must be an http(s) URL (it does not parse as one)"
+    ]
     errors = config_errors({"proxy": "http://cache.lab:3142", "key": "not a key"}, tmp_path)
     assert errors == [
         "providers[0].kvm.apt.key: must be an ASCII-armored public key "
