@@ -289,17 +289,19 @@ def render_user_data(
     if hostname is not None:
         check_hostname("hostname", hostname)
     _check_auth_consistency(squid_conf, password_file_content, password_file)
-    ours = _proxy_config(squid_conf, password_file_content, password_file, hostname)
-    ours = merge_cloud_config(settings or {}, ours)
+    settings = settings or {}
+    ours = merge_cloud_config(
+        settings, _proxy_config(squid_conf, password_file_content, password_file, hostname)
+    )
     if user_data is None:
         return _dump(ours)
     theirs = parse_cloud_config(user_data)
     owned = [SQUID_CONF_PATH]
     if password_file_content is not None:
         owned.append(posixpath.normpath(password_file))
-    owned += [posixpath.normpath(f["path"]) for f in (settings or {}).get("write_files", [])]
+    owned += [posixpath.normpath(f["path"]) for f in settings.get("write_files", [])]
     _check_protected(theirs, owned, hostname)
-    _check_settings(theirs, settings or {})
+    _check_settings(theirs, settings)
     return _dump(merge_cloud_config(ours, theirs))
 
 

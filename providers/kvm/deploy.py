@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pulumi
 
@@ -76,7 +77,7 @@ class KvmDeployer:
             ),
             child,
         )
-        user_data = self._user_data(request)
+        user_data = self._user_data(request, apt_cloud_config(provider.kvm.apt))
         # A new instance-id with new user-data, so cloud-init runs it again.
         instance_id = user_data.apply(
             lambda text: f"{request.id}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
@@ -117,12 +118,10 @@ class KvmDeployer:
         return Endpoint.of(request, domain.ip, host.name)
 
     @staticmethod
-    def _user_data(request: ProxyRequest) -> pulumi.Output[str]:
+    def _user_data(request: ProxyRequest, settings: dict[str, Any]) -> pulumi.Output[str]:
+        """`settings`: cloud-config of the provider's own settings (apt)."""
         squid_conf = render_squid_conf(settings_from_config(request.squid))
         own = request.replica.entry.user_data
-        provider = request.replica.provider
-        assert isinstance(provider, KvmProviderEntry)
-        settings = apt_cloud_config(provider.kvm.apt)
         creds = request.credentials
         if creds is None:
             return pulumi.Output.secret(
