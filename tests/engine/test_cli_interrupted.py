@@ -51,8 +51,9 @@ def domains(conn: libvirt.virConnect) -> dict[str, str]:
 
 
 def recover(stack: CliStack) -> subprocess.CompletedProcess[str]:
-    """The documented recovery after a killed `up`, CLI commands only: `cancel`
-    (the dead run's lock), `refresh --clear-pending-creates`, then `up`."""
+    """The documented recovery after a killed `up`: `cancel` (the dead run's
+    lock; an empty `.attrs` it left removed first, as scripts/up does),
+    `refresh --clear-pending-creates`, then `up`."""
     stack.forget_killed_run()
     stack.ok("refresh", "--yes", "--skip-preview", "--clear-pending-creates")
     return stack.ok("up", "--yes", "--skip-preview")

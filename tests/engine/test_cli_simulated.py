@@ -1,7 +1,8 @@
 """Simulated hosts through the real CLI (providers.kvm.simulated): `pulumi up`,
 a no-change `preview`, drift seen by `refresh` and repaired by `up`, and
 `destroy`, each a process of its own that finds the hosts as the last left
-them. This is what bench/stack_scale runs at 400 proxies."""
+them; and the recovery from the empty `<stack>.json.attrs` a killed run can
+leave. This is what bench/stack_scale runs at 400 proxies."""
 
 from __future__ import annotations
 
@@ -80,6 +81,38 @@ def test_refresh_sees_a_domain_stopped_out_of_band_and_up_starts_it(
     assert drift.returncode != 0, drift.stdout
     simulated.stack.ok("up", "--yes", "--skip-preview")
     assert set(simulated.domains().values()) == {libvirt.VIR_DOMAIN_RUNNING}
+
+
+def test_an_empty_attrs_file_left_by_a_killed_run_fails_every_command_until_removed(
+    simulated: Simulated,
+) -> None:
+    """The file backend rewrites `<stack>.json.attrs` in place (truncate,
+    then write): a run killed in between leaves it empty, as truncated here.
+    Every command then fails, `pulumi cancel` included, until the documented
+    recovery (docs/kvm-provider.md, "When a run is interrupted") removes it
+    as scripts/up does; the checkpoint itself is intact."""
+    stack = simulated.stack
+    attrs = stack.attrs_file
+    assert attrs.stat().st_size > 0
+    attrs.write_bytes(b"")
+    for args in (("cancel", "--yes"), ("preview",)):
+        failed = stack.run(*args)
+        assert failed.returncode != 0, failed.stdout
+        assert "failed to load checkpoint: EOF" in failed.stdout + failed.stderr, args
+    stack.forget_killed_run()  # its first step removes the empty file, with a warning
+    assert not attrs.exists()
+    stack.ok("preview", "--expect-no-changes")
+    # Any empty sidecar under .pulumi/stacks/ goes, with a warning naming it;
+    # a non-empty one and a missing one are left as they are.
+    backup = attrs.with_name(f"{stack.stack}.json.bak.attrs")
+    assert backup.stat().st_size > 0
+    attrs.write_bytes(b"")
+    warnings = stack.drop_empty_attrs()
+    assert f"removing {attrs}: empty" in warnings and "failed to load checkpoint: EOF" in warnings
+    assert not attrs.exists() and backup.stat().st_size > 0
+    assert stack.drop_empty_attrs() == ""
+    stack.ok("up", "--yes", "--skip-preview", "--expect-no-changes")
+    assert attrs.stat().st_size > 0  # written again by the backend
 
 
 def test_destroy_leaves_no_domain_and_no_proxy_volume(simulated: Simulated) -> None:

@@ -25,6 +25,8 @@ from proxyinfra.plugins import pulumi_home
 ROOT = Path(__file__).resolve().parents[2]
 PULUMI = ROOT / ".venv" / "bin" / "pulumi"
 PROJECT = "egress-proxies"
+# scripts/up's removal of an empty `<stack>.json.attrs` (drop_empty_attrs).
+FILE_BACKEND_SH = ROOT / "scripts" / "lib" / "filebackend.sh"
 
 
 @dataclass
@@ -143,10 +145,38 @@ class CliStack:
             )
         return done
 
+    @property
+    def attrs_file(self) -> Path:
+        """The file backend's sidecar of the stack's checkpoint, which a run
+        killed while writing it leaves empty."""
+        return (
+            self.directory / "state" / ".pulumi" / "stacks" / PROJECT / f"{self.stack}.json.attrs"
+        )
+
+    def drop_empty_attrs(self) -> str:
+        """What scripts/up does before each command (scripts/lib/filebackend.sh,
+        run as is): removes the empty `*.attrs` a killed run can leave under
+        the backend's `.pulumi/stacks/`, which fail every command with
+        "failed to load checkpoint: EOF". Returns its warnings."""
+        script = '. "$1" && drop_empty_attrs "$2"'
+        state = self.directory / "state"
+        done = subprocess.run(
+            ["bash", "-c", script, "drop_empty_attrs", str(FILE_BACKEND_SH), str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"drop_empty_attrs exited {done.returncode}: {done.stderr}")
+        return done.stderr
+
     def forget_killed_run(self) -> None:
-        """`pulumi cancel --yes`: ends the update a killed run left in progress
-        (on the local file backend: removes its lock), the documented first
-        step of the recovery; the lock is gone afterwards."""
+        """The documented first step of the recovery after a killed run: an
+        empty `<stack>.json.attrs` it left is removed as scripts/up does
+        (drop_empty_attrs), then `pulumi cancel --yes` ends the update it left
+        in progress (on the local file backend: removes its lock); the lock
+        is gone afterwards."""
+        self.drop_empty_attrs()
         self.ok("cancel", "--yes")
         locks = self.directory / "state" / ".pulumi" / "locks"
         assert not [p for p in locks.rglob("*") if p.is_file()], "pulumi cancel left a lock"
