@@ -31,7 +31,6 @@ from starlette.types import ASGIApp
 
 from discovery.book.contract import LeaseBook
 from discovery.book.errors import StoreUnavailable
-from discovery.brake import Brake
 from discovery.hotpath import HotPath
 from discovery.http_errors import HANDLED, error_answer
 from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
@@ -112,7 +111,7 @@ def create_app(service: Service) -> ASGIApp:
         return await book().proxies_json(detail=True)
 
     # The status page (ui.py): its own login, a cookie that only it accepts.
-    brake = Brake()  # one count of wrong tokens per address: API header, page header, login form
+    brake = service.brake  # one count of wrong tokens per address: API, status page, gateway
     page = ui_routes(
         detailed,
         Sessions(service.settings.token, brake=brake),

@@ -13,6 +13,7 @@ command line, where every user of the machine could read it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -27,7 +28,14 @@ from discovery.book.errors import StoreError
 from discovery.database import Database, DatabaseError, parse_database
 from discovery.fleet import FleetError
 from discovery.logs import event
-from discovery.settings import DEFAULT_PROBE_TARGET, Settings, is_loopback, split_host_port
+from discovery.settings import (
+    DEFAULT_PROBE_TARGET,
+    GatewaySettings,
+    Network,
+    Settings,
+    is_loopback,
+    split_host_port,
+)
 
 if TYPE_CHECKING:
     from discovery.service import Service
@@ -130,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
         help="the default and the cap of a lease's TTL; default 300",
     )
     serve.add_argument("--health-workers", type=_count, default=256, metavar="N")
+    _gateway_arguments(serve)
     serve.add_argument(
         "--allow-remote-without-token",
         action="store_true",
@@ -137,6 +146,97 @@ def parser() -> argparse.ArgumentParser:
         "reaches the port can then take proxies and their credentials)",
     )
     return root
+
+
+def _network(text: str) -> Network:
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an address or a network (CIDR)"
+        ) from None
+
+
+def _gateway_arguments(serve: argparse.ArgumentParser) -> None:
+    defaults = GatewaySettings("", 0)
+    group = serve.add_argument_group("gateway", "one proxy URL for every client (docs/gateway.md)")
+    group.add_argument(
+        "--gateway",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="open an HTTP forward proxy here that leases for its clients "
+        "(user HOLDER[-session-ID], password a discovery token)",
+    )
+    group.add_argument(
+        "--gateway-allow",
+        type=_network,
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="admit clients from this network without credentials (a browser's --proxy-server); "
+        "repeatable; none by default",
+    )
+    group.add_argument(
+        "--gateway-idle",
+        type=_positive,
+        default=defaults.idle_release,
+        metavar="SECONDS",
+        help=f"release a session's or site's lease unused this long (default {defaults.idle_release:g})",
+    )
+    group.add_argument(
+        "--gateway-site-leases",
+        type=_count,
+        default=defaults.per_site,
+        metavar="N",
+        help=f"leases held per holder and site without a session (default {defaults.per_site})",
+    )
+    group.add_argument(
+        "--gateway-holder-leases",
+        type=_count,
+        default=defaults.holder_leases,
+        metavar="N",
+        help=f"leases one holder may hold through the gateway (default {defaults.holder_leases})",
+    )
+    group.add_argument(
+        "--gateway-max-tunnels",
+        type=_count,
+        default=defaults.max_tunnels,
+        metavar="N",
+        help=f"open tunnels at once (default {defaults.max_tunnels})",
+    )
+    group.add_argument(
+        "--gateway-holder-tunnels",
+        type=_count,
+        default=defaults.holder_tunnels,
+        metavar="N",
+        help=f"open tunnels of one holder (default {defaults.holder_tunnels})",
+    )
+    group.add_argument(
+        "--gateway-tunnel-idle",
+        type=_positive,
+        default=defaults.tunnel_idle,
+        metavar="SECONDS",
+        help=f"close a tunnel that moved nothing this long (default {defaults.tunnel_idle:g})",
+    )
+
+
+def _gateway_settings(args: argparse.Namespace) -> GatewaySettings | None:
+    if args.gateway is None:
+        if args.gateway_allow:
+            raise ValueError("--gateway-allow needs --gateway HOST:PORT")
+        return None
+    host, port = args.gateway
+    return GatewaySettings(
+        host,
+        port,
+        allow=tuple(args.gateway_allow),
+        per_site=args.gateway_site_leases,
+        idle_release=args.gateway_idle,
+        holder_leases=args.gateway_holder_leases,
+        max_tunnels=args.gateway_max_tunnels,
+        holder_tunnels=args.gateway_holder_tunnels,
+        tunnel_idle=args.gateway_tunnel_idle,
+    )
 
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
@@ -155,6 +255,17 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         raise ValueError(
             f"refusing to listen on {host} without a token: set {TOKEN_ENV}, listen on "
             "127.0.0.1, or pass --allow-remote-without-token"
+        )
+    gateway = _gateway_settings(args)
+    if (
+        gateway is not None
+        and token is None
+        and not is_loopback(gateway.host)
+        and not args.allow_remote_without_token
+    ):
+        raise ValueError(
+            f"refusing to open the gateway on {gateway.host} without a token: set {TOKEN_ENV}, "
+            "use a loopback address, or pass --allow-remote-without-token"
         )
     refresh_text = environ.get(STACK_REFRESH_ENV, "60")
     try:
@@ -179,6 +290,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         token=token,
         allow_remote_without_token=args.allow_remote_without_token,
         stack_refresh=refresh,
+        gateway=gateway,
     )
 
 

@@ -18,13 +18,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from discovery.book.contract import LeaseBook, StoreBackend
 from discovery.book.errors import StoreUnavailable
 from discovery.book.rules import Terms
+from discovery.brake import Brake
 from discovery.database import PostgresUrl
 from discovery.fleet import Fleet, FleetError
 from discovery.health_source import HealthFactory, HealthSource
@@ -33,6 +34,9 @@ from discovery.metrics import Metrics
 from discovery.settings import Settings
 from discovery.sources import FleetSources
 from health.model import Health, HealthListener
+
+if TYPE_CHECKING:
+    from discovery.gateway import Gateway
 
 log = logging.getLogger("discovery")
 
@@ -117,6 +121,10 @@ class Service:
         # Called once what lives as long as the service has been built: after
         # start() and after each fleet change (run_server passes heap.settle).
         self.settle_heap: Callable[[], None] | None = None
+        # One count of wrong tokens per address: the API's bearer header, the
+        # status page and the gateway's proxy credentials (discovery/brake.py).
+        self.brake = Brake()
+        self.gateway: Gateway | None = None
 
     @property
     def book(self) -> LeaseBook:
@@ -178,6 +186,18 @@ class Service:
         }
         self._tasks = [loop.create_task(self._run(name, fn)) for name, fn in loops.items()]
         self._listen_for_sighup(loop)
+        if self.settings.gateway is not None:
+            from discovery.gateway import Gateway
+
+            self.gateway = Gateway(
+                self.settings.gateway,
+                book=lambda: self.book,
+                token=self.settings.token,
+                brake=self.brake,
+                registry=self.registry,
+                clock=self._clock,
+            )
+            await self.gateway.start()
         self._settle()
         self.ready = True
         event(log, logging.INFO, "service started", store=self.backend.describe().split()[0])
@@ -188,6 +208,8 @@ class Service:
 
     async def stop(self) -> None:
         self.ready = False
+        if self.gateway is not None:
+            await self.gateway.stop()  # its leases are given back while the store is open
         if self._sighup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             self._sighup = False

@@ -10,6 +10,24 @@ from discovery.database import Database
 
 DEFAULT_PROBE_TARGET = "example.com:443"
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The forward-proxy listener (`--gateway`; docs/gateway.md)."""
+
+    host: str
+    port: int
+    allow: tuple[Network, ...] = ()  # admitted without credentials (--gateway-allow)
+    per_site: int = 4  # leases a holder's site set holds at most
+    idle_release: float = 60.0  # seconds a session's or site set's lease is kept unused
+    holder_leases: int = 64  # leases one holder may hold through the gateway
+    max_tunnels: int = 4096  # open tunnels at once (each holds two descriptors)
+    holder_tunnels: int = 1024  # open tunnels of one holder
+    tunnel_idle: float = 300.0  # a tunnel that moves no byte this long is closed
+    max_body: int = 16 * 1024 * 1024  # plain HTTP request bodies are read whole
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -29,6 +47,7 @@ class Settings:
     allow_remote_without_token: bool = False
     stack_refresh: float = 60.0  # seconds between `pulumi stack output` runs
     file_poll: float = 1.0  # seconds between looks at the fleet file
+    gateway: GatewaySettings | None = None
 
     @property
     def fleet_file(self) -> Path | None:

@@ -79,6 +79,12 @@ class LeaseBook(Protocol):
 
     async def release(self, lease_id: str) -> None: ...
 
+    async def cooling(self, lease_id: str, host: str) -> bool:
+        """Whether the proxy of a live lease cools down for `host` or everywhere
+        (a holder that uses one lease for several sites asks before each new
+        site: a proxy cooling down for a site is never used for it)."""
+        ...
+
     # -- background work -------------------------------------------------------------------
 
     async def expire_due(self) -> int:

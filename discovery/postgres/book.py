@@ -17,6 +17,7 @@ from discovery.book.rules import (
     LeaseIds,
     Terms,
     cap_ttl,
+    cooldown_scopes,
     fleet_diff,
     is_lease_id,
     refusal,
@@ -143,6 +144,13 @@ class PostgresBook:
             raise LeaseNotFound(lease_id)
         self._metrics.released.inc()
         event(log, logging.DEBUG, "lease released", lease=lease_id, proxy=proxy)
+
+    async def cooling(self, lease_id: str, host: str) -> bool:
+        self._known(lease_id)
+        found = await self._call(self._store.cooling(lease_id, cooldown_scopes(host)))
+        if found is None:
+            raise LeaseNotFound(lease_id)
+        return found
 
     async def expire_due(self) -> int:
         ended = await self._call(self._store.expire())

@@ -87,6 +87,12 @@ RELEASE = f"""WITH ended AS (
 REPORTED_LEASE = f"""SELECT {LEASE_COLUMNS} FROM discovery_leases l
     WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE} FOR UPDATE"""
 
+# Whether a live lease's proxy cools down for any of the scopes (NULL: no such lease).
+LEASE_COOLING = f"""SELECT EXISTS (SELECT 1 FROM discovery_cooldowns c
+        WHERE c.proxy = l.proxy AND c.target = ANY(%(scopes)s) AND c.until > {NOW}) AS cooling
+    FROM discovery_leases l
+    WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}"""
+
 ADD_REPORT = f"""INSERT INTO discovery_reports (at, lease_id, proxy, holder, outcome, target)
     VALUES ({NOW}, %(id)s, %(proxy)s, %(holder)s, %(outcome)s, %(target)s)"""
 

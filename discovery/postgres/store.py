@@ -210,6 +210,13 @@ class PostgresStore:
                 )
             return lease, scope, until
 
+    async def cooling(self, lease_id: str, scopes: list[str]) -> bool | None:
+        """Whether a live lease's proxy cools down for any of `scopes`; None: no such lease."""
+        async with self.connection(transaction=False) as conn:
+            cur = await conn.execute(q.LEASE_COOLING, self.params(id=lease_id, scopes=scopes))
+            row = await cur.fetchone()
+            return bool(row[0]) if row else None
+
     async def _cool_down(
         self, conn: psycopg.AsyncConnection[Any], on: dict[str, Any], target: str, cooldown: float
     ) -> tuple[str, float]:

@@ -266,6 +266,11 @@ class SqliteBook:
         self._metrics.released.inc()
         event(log, logging.DEBUG, "lease released", lease=lease.id, proxy=lease.proxy.name)
 
+    async def cooling(self, lease_id: str, host: str) -> bool:
+        now = self._clock()
+        lease = self._live(lease_id, now)
+        return self.ledger.cooling_until(lease.proxy.name, host, now) is not None
+
     # -- background work -----------------------------------------------------------------
 
     async def expire_due(self) -> int:

@@ -401,6 +401,29 @@ def test_an_everywhere_cooldown_keeps_the_proxy_from_a_named_target(books: Books
     books.run(simple_fleet(2), scenario)
 
 
+def test_cooling_tells_whether_a_leased_proxy_cools_down_for_a_site(books: Books) -> None:
+    """What a holder using one lease for several sites (the gateway's
+    sessions) asks before each new site."""
+
+    async def scenario(w: World) -> None:
+        blocked = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.report(blocked.id, "blocked", host="shop.example")
+        assert await w.book.cooling(blocked.id, "shop.example")
+        assert not await w.book.cooling(blocked.id, "other.example")
+        everywhere = await w.book.grant("c", ttl=None, selector=ANY, host=None)
+        await w.book.report(everywhere.id, "blocked", host=None)
+        assert await w.book.cooling(everywhere.id, "other.example")
+        w.clock.advance(101)  # the cooldowns are over
+        await w.book.renew(blocked.id, ttl=None)
+        assert not await w.book.cooling(blocked.id, "shop.example")
+        await w.book.release(everywhere.id)
+        for gone in (everywhere.id, "not-a-lease-id"):
+            with pytest.raises(LeaseNotFound):
+                await w.book.cooling(gone, "shop.example")
+
+    books.run(simple_fleet(2), scenario, max_ttl=300, cooldown=100)
+
+
 def test_a_leased_and_cooling_proxy_frees_up_at_the_later_of_both(books: Books) -> None:
     async def scenario(w: World) -> None:
         lease = await w.book.grant("c", ttl=30, selector=ANY, host=None)

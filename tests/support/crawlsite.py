@@ -160,16 +160,23 @@ def fleet_entries(running: list[Proxy]) -> list[dict[str, Any]]:
 
 @contextmanager
 def crawl_service(
-    tmp_path: Path, running: list[Proxy], *, max_ttl: int = 60, cooldown: int = 600
+    tmp_path: Path,
+    running: list[Proxy],
+    *,
+    max_ttl: int = 60,
+    cooldown: int = 600,
+    extra: list[str] | None = None,
+    db: str | None = None,
 ) -> Iterator[ServiceProcess]:
     """The discovery service over `running`, ready and with every proxy healthy."""
     probe_target = EchoServer()
     fleet = tmp_path / "fleet.json"
     write_fleet(fleet, fleet_entries(running))
-    args = ["--fleet", str(fleet), "--db", str(tmp_path / "leases.db")]
+    args = ["--fleet", str(fleet), "--db", db or str(tmp_path / "leases.db")]
     args += ["--listen", f"127.0.0.1:{free_port()}"]
     args += ["--probe-target", f"127.0.0.1:{probe_target.port}", "--probe-interval", "0.5"]
     args += ["--max-lease-ttl", str(max_ttl), "--lease-cooldown", str(cooldown)]
+    args += extra or []
     service = ServiceProcess(
         args, log_path=tmp_path / "service.log", env={"DISCOVERY_TOKEN": TOKEN}
     )

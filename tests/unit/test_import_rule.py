@@ -72,7 +72,17 @@ def test_this_checkout_keeps_every_contract() -> None:
         (
             "discovery/app.py",
             "import egress_proxies_client",
-            "the service and the Pulumi program never import the crawler client BROKEN",
+            "the service and the Pulumi program never import the crawler client, but for the gateway's ban policy BROKEN",
+        ),
+        (
+            "discovery/gateway/holds.py",
+            "import egress_proxies_client",
+            "the service and the Pulumi program never import the crawler client, but for the gateway's ban policy BROKEN",
+        ),
+        (
+            "discovery/gateway/forward.py",
+            "from discovery.sqlite.book import SqliteBook",
+            "the HTTP layer knows the lease contract, not a store BROKEN",
         ),
         (
             "discovery/sqlite/book.py",

@@ -1,0 +1,58 @@
+"""Taking a proxy for one request or tunnel, and the gateway's 503 when none
+can be had: never a hang, always a Retry-After and a reason (docs/gateway.md,
+"When no proxy can be had")."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from discovery.book.errors import NoProxyAvailable, StoreUnavailable
+from discovery.gateway.holds import Hold, HolderLimit
+from discovery.gateway.identity import Identity
+from discovery.gateway.wire import RequestHead
+from discovery.targets import host_of
+
+if TYPE_CHECKING:
+    from discovery.gateway.server import ClientConnection
+
+# NoProxyAvailable.reason -> the gateway's reason word.
+REASONS = {
+    "no_match": "no_proxy_matches",
+    "unhealthy": "no_healthy_proxy",
+    "cooldown": "all_cooling_down",
+    "leased": "all_leased",
+}
+
+
+def site_of(conn: ClientConnection, request: RequestHead, host: str) -> str | None:
+    """The site (normalised host) a request is for; None after a 400."""
+    try:
+        return host_of(host)
+    except ValueError as exc:
+        conn.count(request, "bad_request")
+        conn.refuse(400, "bad_target", str(exc))
+        return None
+
+
+async def take(
+    conn: ClientConnection, request: RequestHead, identity: Identity, site: str
+) -> Hold | None:
+    """A hold on a proxy for `site`; None after answering 503."""
+    holds = conn.gateway.holds
+    try:
+        return await holds.acquire(identity, site)
+    except NoProxyAvailable as refusal:
+        reason = REASONS.get(refusal.reason, refusal.reason)
+        retry_after, detail = refusal.retry_after, f"no proxy for {site}: {refusal.detail}"
+    except HolderLimit as exc:
+        reason = "holder_limit"
+        retry_after, detail = max(1, math.ceil(holds.idle_release)), str(exc)
+    except StoreUnavailable as exc:
+        reason, retry_after, detail = "store_unavailable", 1, str(exc)
+    conn.count(request, "no_proxy" if reason != "holder_limit" else "limit")
+    conn.refuse(503, reason, detail, [(b"retry-after", b"%d" % retry_after)])
+    return None
+
+
+__all__ = ["REASONS", "site_of", "take"]
