@@ -176,12 +176,9 @@ class ClientConnection(asyncio.Protocol):
         if len(gateway.connections) >= gateway.max_connections:
             self._refused = True
             gateway.metrics.tunnels.labels("limit").inc()
-            transport.write(
-                answer(
-                    503, "overloaded", "the gateway holds all the connections it may", close=True
-                )
-            )
-            transport.close()
+            detail = "the gateway holds all the connections it may"
+            self.transport.write(answer(503, "overloaded", detail, close=True))
+            self.transport.close()
             return
         gateway.connections.add(self)
         self._arm()
