@@ -31,10 +31,11 @@ from starlette.types import ASGIApp
 
 from discovery.book.contract import LeaseBook
 from discovery.book.errors import StoreUnavailable
-from discovery.hotpath import HotPath
+from discovery.hotpath import HotPath, host, parse
 from discovery.http_errors import HANDLED, error_answer
 from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
 from discovery.openapi import openapi_document
+from discovery.schemas import GatewayReportRequest
 from discovery.service import Service
 from discovery.ui import Sessions, ui_routes
 
@@ -67,6 +68,19 @@ def create_app(service: Service) -> ASGIApp:
 
     async def proxies(request: Request) -> Response:
         return json_response({"proxies": await book().proxies_json()})
+
+    async def gateway_report(request: Request) -> Response:
+        body = parse(await request.body(), GatewayReportRequest)
+        gateway = service.gateway
+        site = host(body.target)
+        if gateway is None or not await gateway.report(
+            body.holder, body.session, body.outcome, site
+        ):
+            detail = "that holder's session holds no lease on this replica"
+            if gateway is None:
+                detail = "this service runs no gateway (--gateway)"
+            return error(404, "session_not_found", detail)
+        return Response(status_code=204)
 
     async def readyz(request: Request) -> Response:
         # 503 while starting or stopping, while the store cannot write, while
@@ -108,7 +122,11 @@ def create_app(service: Service) -> ASGIApp:
             await service.stop()
 
     async def detailed() -> list[dict[str, Any]]:
-        return await book().proxies_json(detail=True)
+        rows = await book().proxies_json(detail=True)
+        used = service.gateway.status() if service.gateway is not None else {}
+        for row in rows:
+            row["gateway"] = used.get(row["name"])
+        return rows
 
     # The status page (ui.py): its own login, a cookie that only it accepts.
     brake = service.brake  # one count of wrong tokens per address: API, status page, gateway
@@ -120,6 +138,7 @@ def create_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[
             Route("/v1/proxies", proxies, methods=["GET"]),
+            Route("/v1/gateway/report", gateway_report, methods=["POST"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),

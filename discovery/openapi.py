@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from discovery.schemas import (
     ErrorAnswer,
     FleetStatus,
+    GatewayReportRequest,
     LeaseAnswer,
     LeaseRequest,
     ProxiesAnswer,
@@ -131,6 +132,22 @@ def _operations() -> dict[str, dict[str, Any]]:
                 "responses": {**_NO_CONTENT, **_NOT_FOUND, **_COMMON_ERRORS},
             }
         },
+        "/v1/gateway/report": {
+            "post": {
+                "operationId": "reportGatewaySession",
+                "tags": ["gateway"],
+                "summary": "Say how a gateway session's proxy did (for tunnels)",
+                "description": "The same outcomes as a lease report, on the lease the gateway "
+                "holds for `holder`'s `session` on this replica; `blocked` and `error` also move "
+                "the session to another proxy.",
+                "requestBody": _body(GatewayReportRequest),
+                "responses": {
+                    **_NO_CONTENT,
+                    "404": _error("no gateway here, or the session holds no lease on this replica"),
+                    **_COMMON_ERRORS,
+                },
+            }
+        },
         "/v1/proxies": {
             "get": {
                 "operationId": "proxies",
@@ -238,6 +255,7 @@ def openapi_document(*, bearer: bool) -> dict[str, Any]:
         LeaseRequest,
         RenewRequest,
         ReportRequest,
+        GatewayReportRequest,
         LeaseAnswer,
         ProxiesAnswer,
         FleetStatus,

@@ -125,6 +125,29 @@ class ReportRequest(BaseModel):
     target: Target | None = None
 
 
+class GatewayReportRequest(BaseModel):
+    """A report on the proxy a gateway session holds (docs/gateway.md): what a
+    lease report is, for a client that cannot see the lease (a tunnel)."""
+
+    model_config = _STRICT
+    holder: Annotated[
+        str,
+        _text(128, 1, "the holder: the proxy username before -session-"),
+        AfterValidator(_printable),
+    ]
+    session: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9._~-]+$",
+            description="the session id of the username",
+        ),
+    ]
+    outcome: Literal["ok", "blocked", "error"]
+    target: Target | None = None
+
+
 class LeaseProxy(BaseModel):
     name: str
     url: str = Field(description="http://user:pass@host:port; the only place credentials appear")
@@ -164,8 +187,19 @@ class LeaseHolder(BaseModel):
     expires_at: str = Field(alias="expiresAt", description="RFC 3339, UTC")
 
 
+class GatewayUse(BaseModel):
+    holder: str | None = Field(
+        description="the gateway holder (with its session) that holds the proxy now, if any"
+    )
+    bytes_up: int = Field(alias="bytesUp", description="bytes sent through it by gateway clients")
+    bytes_down: int = Field(alias="bytesDown", description="bytes received through it by them")
+
+
 class StatusProxyView(ProxyView):
     lease: LeaseHolder | None = Field(description="who holds the proxy, until when")
+    gateway: GatewayUse | None = Field(
+        description="its use through this replica's gateway since it started (null: none)"
+    )
     recent_ms: list[float | None] = Field(
         alias="recentMs",
         description="the latest probes' total times in ms, oldest first (null: failed)",

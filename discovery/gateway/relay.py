@@ -81,6 +81,7 @@ class _End(asyncio.Protocol):
         self.transport = transport
         self.peer = peer
         self.upward = upward
+        self.ended = False  # this side sent EOF
 
     def data_received(self, data: bytes) -> None:
         tunnel = self.tunnel
@@ -93,10 +94,13 @@ class _End(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # A half close is passed on; the tunnel ends when both sides are done.
-        if self.peer.can_write_eof() and not self.peer.is_closing():
-            self.peer.write_eof()
-            return True
-        return False
+        self.ended = True
+        other = self.tunnel.upstream if self.upward else self.tunnel.client
+        if other.ended or not self.peer.can_write_eof() or self.peer.is_closing():
+            self.tunnel.close()
+            return False
+        self.peer.write_eof()
+        return True
 
     def pause_writing(self) -> None:
         self.peer.pause_reading()

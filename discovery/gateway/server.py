@@ -200,9 +200,10 @@ class ClientConnection(asyncio.Protocol):
             self.refuse(400, "bad_request", "the request is not valid HTTP/1.1")
             return
         if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
-            self.refuse(
-                431, "head_too_large", f"request heads are limited to {MAX_HEAD_BYTES} bytes"
-            )
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        self.refuse(431, "head_too_large", f"request heads are limited to {MAX_HEAD_BYTES} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -223,25 +224,32 @@ class ClientConnection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------
 
     _in_head = True
+    _parsed = 0  # the head's bytes as the parser handed them over
 
     def on_message_begin(self) -> None:
         self._request = RequestHead(b"", b"", "1.1")
         self._in_head = True
+        self._parsed = 0
         self._body, self._body_size = [], 0
 
     def on_url(self, url: bytes) -> None:
         assert self._request is not None
         self._request.target += url
+        self._parsed += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self._request is not None
         self._request.headers.append((name.lower(), value))
+        self._parsed += len(name) + len(value) + 4  # name: value CRLF
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None and self.transport is not None
         self._in_head = False
         self._head_bytes = 0
+        if self._parsed > MAX_HEAD_BYTES:  # a whole head, however many reads it took
+            self._head_too_large()
+            return
         request.method = self._parser.get_method()
         request.version = self._parser.get_http_version()
         request.keep_alive = self._parser.should_keep_alive()

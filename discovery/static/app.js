@@ -72,6 +72,13 @@ function sparkline(values) {
   return svg;
 }
 
+function size(bytes) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes, unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${unit ? value.toFixed(1) : value} ${units[unit]}`;
+}
+
 function row(p) {
   const labels = Object.entries(p.labels).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`));
   const health = el("td", { class: "health" }, el("span", { class: `badge ${p.health}` }, p.health));
@@ -83,6 +90,9 @@ function row(p) {
     lease.append(el("span", { class: "left muted", "data-until": p.lease.expiresAt }, left(p.lease.expiresAt)));
   } else {
     lease.append(el("span", { class: "muted" }, "free"));
+  }
+  if (p.gateway) {
+    lease.append(el("div", { class: "gateway muted" }, `gateway: ↑ ${size(p.gateway.bytesUp)} ↓ ${size(p.gateway.bytesDown)}`));
   }
   const cooldowns = el("td", { class: "cooldowns" });
   for (const c of p.cooldowns) {
