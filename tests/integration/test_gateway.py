@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ class Gateway:
         return len(os.listdir(f"/proc/{self.service.process.pid}/fd"))
 
 
+@contextmanager
 def start_gateway(
     tmp_path: Path, squids: list[Proxy], *extra: str, cooldown: int = 600
 ) -> Iterator[Gateway]:
@@ -81,7 +83,8 @@ def start_gateway(
 
 @pytest.fixture
 def gateway(tmp_path: Path, squids: list[Proxy]) -> Iterator[Gateway]:
-    yield from start_gateway(tmp_path, squids)
+    with start_gateway(tmp_path, squids) as running:
+        yield running
 
 
 def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
@@ -137,43 +140,39 @@ def test_an_idle_session_gives_its_lease_back(gateway: Gateway, site: BanningSit
 def test_a_banned_proxy_moves_the_site_to_another_and_cools_down_for_that_site_only(
     tmp_path: Path, squids: list[Proxy]
 ) -> None:
-    with BanningSite(limit=2) as site:
-        for gateway in start_gateway(tmp_path, squids):
-            with gateway.http() as http:
-                answers = [http.get(f"{site.base}/page/{i}") for i in range(5)]
-            # Every answer a page: each 403 was reported and retried through another proxy.
-            assert [a.status_code for a in answers] == [200] * 5
-            banned = site.banned()
-            assert banned and site.after_ban.keys() <= banned
-            with client(gateway.service) as api:
-                listed = proxies(api)
-                cooling = {n for n, p in listed.items() if p["cooldowns"]}
-                assert {c["target"] for n in cooling for c in listed[n]["cooldowns"]} == {
-                    "127.0.0.1"
-                }
-                by_address = {p.address: p.name for p in squids}
-                assert cooling == {by_address[a] for a in banned}
-                # Another site still gets the cooling proxy: every proxy is grantable for it.
-                eventually(lambda: nothing_leased(gateway), timeout=5)
-                granted = {
-                    api.post("/v1/leases", json={"holder": "x", "target": "localhost"}).json()[
-                        "proxy"
-                    ]["name"]
-                    for _ in range(3)
-                }
-                assert cooling <= granted
+    with BanningSite(limit=2) as site, start_gateway(tmp_path, squids) as gateway:
+        with gateway.http() as http:
+            answers = [http.get(f"{site.base}/page/{i}") for i in range(5)]
+        # Every answer a page: each 403 was reported and retried through another proxy.
+        assert [a.status_code for a in answers] == [200] * 5
+        banned = site.banned()
+        assert banned and site.after_ban.keys() <= banned
+        with client(gateway.service) as api:
+            listed = proxies(api)
+            cooling = {n for n, p in listed.items() if p["cooldowns"]}
+            assert {c["target"] for n in cooling for c in listed[n]["cooldowns"]} == {"127.0.0.1"}
+            by_address = {p.address: p.name for p in squids}
+            assert cooling == {by_address[a] for a in banned}
+            # Another site still gets the cooling proxy: every proxy is grantable for it.
+            eventually(lambda: nothing_leased(gateway), timeout=5)
+            granted = {
+                api.post("/v1/leases", json={"holder": "x", "target": "localhost"}).json()["proxy"][
+                    "name"
+                ]
+                for _ in range(3)
+            }
+            assert cooling <= granted
 
 
 def test_a_session_moves_when_its_proxy_is_banned(tmp_path: Path, squids: list[Proxy]) -> None:
-    with BanningSite(limit=2) as site:
-        for gateway in start_gateway(tmp_path, squids):
-            with gateway.http("crawler7-session-s") as http:
-                answers = [http.get(f"{site.base}/page/{i}") for i in range(4)]
-            assert [a.status_code for a in answers] == [200] * 4
-            first, second = address_of(answers[0]), address_of(answers[3])
-            assert first != second
-            assert {address_of(a) for a in answers[:2]} == {first}
-            assert {address_of(a) for a in answers[2:]} == {second}
+    with BanningSite(limit=2) as site, start_gateway(tmp_path, squids) as gateway:
+        with gateway.http("crawler7-session-s") as http:
+            answers = [http.get(f"{site.base}/page/{i}") for i in range(4)]
+        assert [a.status_code for a in answers] == [200] * 4
+        first, second = address_of(answers[0]), address_of(answers[3])
+        assert first != second
+        assert {address_of(a) for a in answers[:2]} == {first}
+        assert {address_of(a) for a in answers[2:]} == {second}
 
 
 def test_a_tunnel_s_ban_is_reported_through_the_api_and_moves_the_session(
@@ -313,44 +312,50 @@ def test_a_client_that_vanishes_leaves_no_lease_and_no_descriptor(
 def test_a_squid_killed_under_an_open_tunnel_closes_it_and_the_next_tries_another(
     tmp_path: Path,
 ) -> None:
-    with start_proxies(2) as running, BanningSite(limit=100) as site:
-        for gateway in start_gateway(tmp_path, running):
-            echo = EchoServer()
-            try:
-                with tunnel(gateway, f"127.0.0.1:{echo.port}".encode(), "c-session-k") as sock:
-                    sock.sendall(b"x")
-                    assert sock.recv(1) == b"x"
-                    name = next(n for n, h in gateway.holders().items() if h == "c-session-k")
-                    dead = next(p for p in running if p.name == name)
-                    dead.squid.stop()
-                    sock.settimeout(10)
-                    assert sock.recv(1) == b""  # the tunnel closed with its squid
-            finally:
-                echo.close()
-            # The session's squid is dead and not yet unhealthy: reported, tried again elsewhere.
-            with gateway.http("c-session-k") as http:
-                answer = http.get(f"{site.base}/page/1")
-            assert answer.status_code == 200
-            assert address_of(answer) != dead.address
-            metrics = httpx.get(gateway.service.url + "/metrics").text
-            assert 'discovery_gateway_upstream_errors_total{kind="refused"}' in metrics
+    with (
+        start_proxies(2) as running,
+        BanningSite(limit=100) as site,
+        start_gateway(tmp_path, running) as gateway,
+    ):
+        echo = EchoServer()
+        try:
+            with tunnel(gateway, f"127.0.0.1:{echo.port}".encode(), "c-session-k") as sock:
+                sock.sendall(b"x")
+                assert sock.recv(1) == b"x"
+                name = next(n for n, h in gateway.holders().items() if h == "c-session-k")
+                dead = next(p for p in running if p.name == name)
+                dead.squid.stop()
+                sock.settimeout(10)
+                assert sock.recv(1) == b""  # the tunnel closed with its squid
+        finally:
+            echo.close()
+        # The session's squid is dead and not yet unhealthy: reported, tried again elsewhere.
+        with gateway.http("c-session-k") as http:
+            answer = http.get(f"{site.base}/page/1")
+        assert answer.status_code == 200
+        assert address_of(answer) != dead.address
+        metrics = httpx.get(gateway.service.url + "/metrics").text
+        assert 'discovery_gateway_upstream_errors_total{kind="refused"}' in metrics
 
 
 def test_no_healthy_proxy_and_an_empty_fleet_are_a_503_with_retry_after(tmp_path: Path) -> None:
-    with start_proxies(1) as running, BanningSite(limit=100) as site:
-        for gateway in start_gateway(tmp_path, running):
-            running[0].squid.stop()
-            with client(gateway.service) as api:
-                eventually(lambda: proxies(api)["sq0"]["health"] == "unhealthy")
-            with gateway.http() as http:
-                answer = http.get(f"{site.base}/page/1")
-            assert answer.status_code == 503
-            assert answer.headers["egress-gateway-reason"] == "no_healthy_proxy"
-            assert int(answer.headers["retry-after"]) >= 1
-            assert "not healthy" in answer.text
+    with (
+        start_proxies(1) as running,
+        BanningSite(limit=100) as site,
+        start_gateway(tmp_path, running) as gateway,
+    ):
+        running[0].squid.stop()
+        with client(gateway.service) as api:
+            eventually(lambda: proxies(api)["sq0"]["health"] == "unhealthy")
+        with gateway.http() as http:
+            answer = http.get(f"{site.base}/page/1")
+        assert answer.status_code == 503
+        assert answer.headers["egress-gateway-reason"] == "no_healthy_proxy"
+        assert int(answer.headers["retry-after"]) >= 1
+        assert "not healthy" in answer.text
     empty = tmp_path / "empty"
     empty.mkdir()
-    for gateway in start_gateway(empty, []):
+    with start_gateway(empty, []) as gateway:
         with gateway.http() as http:
             answer = http.get("http://127.0.0.1:9/")
         assert answer.status_code == 503
