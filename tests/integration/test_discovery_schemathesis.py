@@ -52,6 +52,7 @@ OPERATIONS = [
     ("POST", "/v1/leases/{lease_id}/renew", True),
     ("POST", "/v1/leases/{lease_id}/report", True),
     ("DELETE", "/v1/leases/{lease_id}", True),
+    ("POST", "/v1/gateway/report", True),
     ("GET", "/v1/proxies", False),
     ("GET", "/ui/api/status", True),
     ("GET", "/healthz", False),
