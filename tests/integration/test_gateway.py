@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pytest
 
 from tests.support.crawlsite import TOKEN, BanningSite, Proxy, client, crawl_service, start_proxies
 from tests.support.discovery import ServiceProcess, free_port, proxies
+from tests.support.postgres import PostgresServer
+from tests.support.postgres import postgres as postgres
 from tests.support.squid import EchoServer
 
 pytestmark = pytest.mark.integration
@@ -403,3 +406,40 @@ class tunnel:
 
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
+
+
+def test_gateways_on_two_postgresql_replicas_never_share_a_proxy(
+    tmp_path: Path, squids: list[Proxy], postgres: PostgresServer
+) -> None:
+    database = postgres.fresh_database(f"gateway_{random.randrange(1 << 30)}")
+    echo = EchoServer()
+    target = f"127.0.0.1:{echo.port}".encode()
+    with ExitStack() as stack:
+        gateways = []
+        for replica in ("a", "b"):
+            (tmp_path / replica).mkdir()
+            port = free_port()
+            service = stack.enter_context(
+                crawl_service(
+                    tmp_path / replica,
+                    squids,
+                    extra=["--gateway", f"127.0.0.1:{port}"],
+                    db=database,
+                )
+            )
+            gateways.append(Gateway(service, port))
+        stack.callback(echo.close)
+        # Three proxies, sessions on both replicas: each on a proxy of its own.
+        users = ["c-session-a1", "c-session-b1", "c-session-a2"]
+        for user, gateway in zip(users, [gateways[0], gateways[1], gateways[0]], strict=True):
+            sock = stack.enter_context(tunnel(gateway, target, user))
+            sock.sendall(b"x")
+            assert sock.recv(1) == b"x"
+        held = gateways[1].holders()  # the shared database: every replica sees every lease
+        assert sorted(h for h in held.values() if h) == sorted(users)
+        # The fleet is taken: a fourth session on either replica gets a 503, not a shared proxy.
+        for gateway in gateways:
+            with gateway.http("c-session-x") as http:
+                answer = http.get(f"http://127.0.0.1:{echo.port}/")
+            assert answer.status_code == 503
+            assert answer.headers["egress-gateway-reason"] == "all_leased"
