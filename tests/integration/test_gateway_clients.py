@@ -16,8 +16,8 @@ a CA needs an NSS database and certutil, which no project list installs).
 
 What every test asserts: the answer is the site's page for that request, the
 site saw it from the outgoing address of a squid (127.0.0.2 and up) whose
-lease the client's holder holds through the gateway, and nothing ever
-reached the site from 127.0.0.1 itself.
+lease the client's holder holds through the gateway, without the client's
+proxy credentials, and nothing ever reached the site from 127.0.0.1 itself.
 
 One service, one set of squids and one pair of sites serve the whole module;
 each holder's requests for the site share one lease (--gateway-site-leases
@@ -102,6 +102,10 @@ class World:
         assert text == f"{path} for {address}\n"
         assert self.holders()[by_address[address]] == holder, self.holders()
         assert not site.handshake_errors, site.handshake_errors
+        # The client's credentials (the service's token) stopped at the gateway.
+        headers = site.headers[path]
+        assert "proxy-authorization" not in dict(headers), headers
+        assert not [h for h in headers if TOKEN in h[1]], headers
 
 
 @pytest.fixture(scope="module")

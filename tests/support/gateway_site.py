@@ -7,7 +7,8 @@ fetch, and how they trust it:
 - :class:`SeeingSite`: an HTTP or HTTPS site on 127.0.0.1 that records, for
   every request, the path and the client address it came from. A request
   from 127.0.0.1 itself came without a proxy: it is counted as `direct` and
-  refused (403). Every other address gets `PATH for ADDRESS`.
+  refused (403). Every other address gets `PATH for ADDRESS`. The headers
+  each path was asked with are kept too.
 - `python -m tests.support.gateway_site URL OUT [PROXY]`: a Scrapy crawl of
   one URL with Scrapy's stock middlewares only (HttpProxyMiddleware takes
   PROXY, credentials in it, as `request.meta["proxy"]`, or else the
@@ -148,6 +149,7 @@ class SeeingSite:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.tls = tls
         self.seen: defaultdict[str, list[str]] = defaultdict(list)  # path -> client addresses
+        self.headers: dict[str, list[tuple[str, str]]] = {}  # path -> its last request's headers
         self.direct = 0
         self.handshake_errors: list[str] = []
         self._lock = threading.Lock()
@@ -160,9 +162,10 @@ class SeeingSite:
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}"
 
-    def answer(self, address: str, path: str) -> tuple[int, bytes]:
+    def answer(self, address: str, path: str, headers: list[tuple[str, str]]) -> tuple[int, bytes]:
         with self._lock:
             self.seen[path].append(address)
+            self.headers[path] = headers
             if address == DIRECT:
                 self.direct += 1
                 return 403, b"no direct requests here\n"
@@ -209,7 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:
-        status, body = self.server.site.answer(self.client_address[0], self.path)
+        headers = [(k.lower(), v) for k, v in self.headers.items()]
+        status, body = self.server.site.answer(self.client_address[0], self.path, headers)
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
