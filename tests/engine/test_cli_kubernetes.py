@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -177,6 +178,8 @@ def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod
     args = ["--stack", STACK, "--db", str(tmp_path / "leases.db")]
     args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-target", page.target]
     args += ["--probe-interval", "1", "--lease-cooldown", "600"]
+    gateway = free_port()
+    args += ["--gateway", f"127.0.0.1:{gateway}", "--gateway-idle", "1"]
     env = {**stack.env(), "DISCOVERY_TOKEN": TOKEN}
     service = ServiceProcess(
         args, log_path=tmp_path / "discovery.log", env=env, cwd=stack.directory
@@ -223,8 +226,27 @@ def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod
                     lease(service.url, "c5", target=page.url, token=TOKEN, wait=0),
                 ):
                     pass
-            # Released: nothing is leased any more.
-            assert not any(p["leased"] for p in proxies(client).values())
+            # Any client through the gateway, one proxy URL: curl leaves through a pod, not
+            # the one cooling down for the site.
+            proxy = f"http://curl-session-k:{TOKEN}@127.0.0.1:{gateway}"
+            curl = subprocess.run(
+                ["curl", "-sS", "--fail", "--cacert", str(tls[0]), "-x", proxy, page.url],
+                capture_output=True,
+                timeout=60,
+            )
+            assert curl.returncode == 0, curl.stderr.decode(errors="replace")
+            assert curl.stdout == PAGE
+            assert page.clients[-1] in pod_ips
+            held_by = {
+                r["name"]: r["lease"] for r in client.get("/ui/api/status").json()["proxies"]
+            }
+            assert held_by[first.name] is None
+            # Released (the gateway's session after --gateway-idle): nothing is leased any more.
+            wait_for(
+                lambda: not any(p["leased"] for p in proxies(client).values()),
+                timeout=10,
+                interval=0.2,
+            )
         assert service.terminate() == 0
     finally:
         service.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import ssl
+import subprocess
 import time
 import uuid
 from contextlib import ExitStack
@@ -79,8 +80,9 @@ def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any
     }
 
 
-def discovery(tmp_path: Path, fleet: Path, probe_target: str) -> ServiceProcess:
+def discovery(tmp_path: Path, fleet: Path, probe_target: str, gateway: int) -> ServiceProcess:
     args = ["--fleet", str(fleet), "--db", str(tmp_path / "leases.db")]
+    args += ["--gateway", f"127.0.0.1:{gateway}", "--gateway-idle", "1"]
     args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-target", probe_target]
     args += ["--probe-interval", "2", "--lease-cooldown", "600", "--max-lease-ttl", "120"]
     env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "info"}
@@ -156,7 +158,8 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             fleet_file.write_text(json.dumps({"fleet": fleet}))
 
             # -- the discovery service and its health engine -------------------------------
-            service = discovery(tmp_path, fleet_file, page.target).start()
+            gateway_port = free_port()
+            service = discovery(tmp_path, fleet_file, page.target, gateway_port).start()
             client = closing.enter_context(
                 httpx.Client(
                     base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
@@ -228,7 +231,34 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                         service.url, "crawler-3", target=ELSEWHERE, token=TOKEN, wait=0
                     ) as other:
                         assert other.name == first.name
-            assert not any(p["leased"] for p in proxies(client).values())
+            # -- any client, through the gateway: curl, one proxy URL -----------------------
+            gateway_url = f"http://curl-session-e2e:{TOKEN}@127.0.0.1:{gateway_port}"
+            curl = subprocess.run(
+                [
+                    "curl",
+                    "-sS",
+                    "--fail",
+                    "--cacert",
+                    str(tls[0]),
+                    "--max-time",
+                    "60",
+                    "-x",
+                    gateway_url,
+                    page.url,
+                ],
+                capture_output=True,
+                timeout=90,
+            )
+            assert curl.returncode == 0, curl.stderr.decode(errors="replace")
+            assert curl.stdout == PAGE
+            assert page.clients[-1] in {ip for ip, _ in booted.values()}, "through a VM"
+            # The VM blocked for this target above is cooling down: the other one served.
+            assert page.clients[-1] == by_name[second.name]["host"]
+            wait_for(  # --gateway-idle 1: the session's lease is given back
+                lambda: not any(p["leased"] for p in proxies(client).values()),
+                timeout=10,
+                interval=0.2,
+            )
             assert service.terminate() == 0
             service = None
     finally:
