@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from discovery.book.contract import Lease, LeaseBook, Outcome
 from discovery.book.errors import LeaseNotFound, NoProxyAvailable, StoreUnavailable
@@ -79,7 +80,7 @@ class Holds:
         self.sessions: dict[Key, Hold] = {}
         self.sets: dict[Key, list[Hold]] = {}
         self._per_holder: dict[str, int] = {}
-        self._granting: dict[object, asyncio.Future[Hold]] = {}
+        self._granting: dict[Key, asyncio.Task[Hold]] = {}
         self._moved: set[Hold] = set()  # out of use for new work, still busy
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -116,7 +117,6 @@ class Holds:
                 hold.clear_sites.add(site)
         if hold is None:
             hold = await self._once(key, lambda: self._grant(identity, key, site))
-            self.sessions.setdefault(key, hold)
         return hold
 
     async def _site(self, identity: Identity, site: str) -> Hold:
@@ -133,29 +133,27 @@ class Holds:
                 if not holds:
                     raise
             else:
-                holds = self.sets.setdefault(key, [])
-                if hold not in holds and not hold.dropped:
-                    holds.append(hold)
                 return hold
         return min(holds, key=lambda h: h.in_use)
 
-    async def _once(self, key: object, grant: Callable[[], Awaitable[Hold]]) -> Hold:
-        """One grant per key at a time; concurrent askers share its outcome."""
+    async def _once(self, key: Key, grant: Callable[[], Coroutine[Any, Any, Hold]]) -> Hold:
+        """One grant per key at a time; concurrent askers share its outcome. The
+        grant runs as a task of its own and registers its hold itself, so a client
+        that goes away meanwhile leaves a hold the upkeep releases, not a lease
+        nobody knows of."""
         pending = self._granting.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
-        self._granting[key] = future
-        try:
-            hold = await grant()
-            future.set_result(hold)
-            return hold
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: nobody may be waiting
-            raise
-        finally:
-            del self._granting[key]
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(grant())
+            self._granting[key] = pending
+
+            def finished(task: asyncio.Task[Hold]) -> None:
+                if self._granting.get(key) is task:
+                    del self._granting[key]
+                if not task.cancelled():
+                    task.exception()  # retrieved: every asker may be gone
+
+            pending.add_done_callback(finished)
+        return await asyncio.shield(pending)
 
     async def _grant(self, identity: Identity, key: Key, site: str) -> Hold:
         held = self._per_holder.get(identity.holder, 0)
@@ -166,6 +164,10 @@ class Holds:
         )
         self._per_holder[identity.holder] = self._per_holder.get(identity.holder, 0) + 1
         hold = Hold(lease, identity, key, self._clock(), clear_sites={site})
+        if key[0] == "session":
+            self.sessions[key] = hold
+        else:
+            self.sets.setdefault(key, []).append(hold)
         event(log, logging.DEBUG, "gateway lease", proxy=hold.proxy, holder=identity.describe())
         return hold
 

@@ -250,3 +250,27 @@ def test_close_releases_every_lease() -> None:
         assert book.leased == {}
 
     run(scenario)
+
+
+def test_a_client_gone_during_its_grant_leaves_a_hold_the_upkeep_releases() -> None:
+    async def scenario(book: FakeBook, holds: Holds, now: list[float]) -> None:
+        gate = asyncio.Event()
+        grant = book.grant
+
+        async def slow_grant(holder: str, **kwargs: Any) -> Lease:
+            await gate.wait()
+            return await grant(holder, **kwargs)
+
+        book.grant = slow_grant  # type: ignore[method-assign]
+        asker = asyncio.create_task(holds.acquire(SESSION, "a.example"))
+        await asyncio.sleep(0)
+        asker.cancel()  # the client went away while its lease was being granted
+        gate.set()
+        await asyncio.sleep(0.01)
+        [hold] = holds.every()  # the lease the book granted is known, not lost
+        assert hold.in_use == 0
+        now[0] += 61
+        await holds.tick()
+        assert book.leased == {}
+
+    run(scenario)
