@@ -37,6 +37,7 @@ log = logging.getLogger("discovery.gateway")
 
 # ("set", holder, selector, site) or ("session", holder, session, selector)
 Key = tuple[object, ...]
+GROW_RETRY_S = 1.0
 
 
 class HolderLimit(Exception):
@@ -81,6 +82,7 @@ class Holds:
         self.sets: dict[Key, list[Hold]] = {}
         self._per_holder: dict[str, int] = {}
         self._granting: dict[Key, asyncio.Task[Hold]] = {}
+        self._grow_at: dict[Key, float] = {}  # a full set asks the book again from then
         self._moved: set[Hold] = set()  # out of use for new work, still busy
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -125,13 +127,19 @@ class Holds:
         free = [h for h in holds if h.in_use == 0]
         if free:
             return min(free, key=lambda h: h.last_used)
-        if len(holds) < self.per_site:
+        if len(holds) < self.per_site and (
+            not holds or self._clock() >= self._grow_at.get(key, 0.0)
+        ):
             try:
                 hold = await self._once(key, lambda: self._grant(identity, key, site))
-            except (NoProxyAvailable, HolderLimit):
+            except (NoProxyAvailable, HolderLimit) as refused:
                 holds = self.sets.get(key, [])
                 if not holds:
                     raise
+                # The set shares what it has; the book is asked again for more
+                # only after a while, not on every busy request.
+                refused.__traceback__ = None
+                self._grow_at[key] = self._clock() + GROW_RETRY_S
             else:
                 return hold
         return min(holds, key=lambda h: h.in_use)
@@ -228,6 +236,8 @@ class Holds:
                     pass  # tried again at the next tick
         for key in [k for k, v in self.sets.items() if not v]:
             del self.sets[key]
+        for key in [k for k, at in self._grow_at.items() if at <= now or k not in self.sets]:
+            del self._grow_at[key]
 
     async def _release(self, hold: Hold) -> None:
         if hold.released:

@@ -19,6 +19,7 @@ import base64
 import binascii
 import ipaddress
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ _PARAMETER = re.compile(r"-(session|zone|provider|label)-")
 _SESSION = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")
 ANONYMOUS = "anonymous"
+ADMITTED_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class Admission:
         self._digest = token_digest(token) if token else None
         self.brake = brake
         self.allow = tuple(allow)
+        # Headers whose token was right, by value, the least recently used
+        # dropped first: a new connection per tunnel need not hash it again.
+        self._admitted: OrderedDict[bytes, Identity] = OrderedDict()
 
     def allowed(self, address: str | None) -> bool:
         if not address or not self.allow:
@@ -129,14 +134,22 @@ class Admission:
             if wait:
                 detail = f"too many wrong tokens from {client_key(address)}: retry in {wait} s"
                 return Refusal(429, "too_many_wrong_tokens", detail, wait)
+            known = self._admitted.get(authorization)
+            if known is not None:  # this very header was checked before
+                self._admitted.move_to_end(authorization)
+                return known
             if not token_matches(password, self._digest):
                 self.brake.failed(address, "gateway")
                 return Refusal(407, "wrong_token", "wrong token (the proxy password)")
             self.brake.succeeded(address)
         try:
-            return parse_username(username)
+            identity = parse_username(username)
         except BadUsername as exc:
             return Refusal(400, "bad_username", f"username: {exc}")
+        self._admitted[authorization] = identity
+        if len(self._admitted) > ADMITTED_KEPT:
+            self._admitted.popitem(last=False)
+        return identity
 
 
 def _basic(value: bytes) -> tuple[str, bytes] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -62,9 +63,18 @@ class GatewayMetrics:
             registry=registry,
         )
         self._holders: set[str] = set()
+        self._outcomes: dict[tuple[bool, str], Any] = {}  # label children, resolved once
+        self._children: dict[tuple[int, str, str], Any] = {}
         # Per proxy, since start: what the status page shows.
         self.proxy_up: Tally[str] = Tally()
         self.proxy_down: Tally[str] = Tally()
+
+    def count(self, tunnel: bool, outcome: str) -> None:
+        child = self._outcomes.get((tunnel, outcome))
+        if child is None:
+            child = (self.tunnels if tunnel else self.requests).labels(outcome)
+            self._outcomes[(tunnel, outcome)] = child
+        child.inc()
 
     def moved(self, proxy: str, holder: str, up: int, down: int) -> None:
         if holder not in self._holders:
@@ -72,14 +82,18 @@ class GatewayMetrics:
                 self._holders.add(holder)
             else:
                 holder = OTHER
-        if up:
-            self._bytes_proxy.labels(proxy, "up").inc(up)
-            self._bytes_holder.labels(holder, "up").inc(up)
-            self.proxy_up[proxy] += up
-        if down:
-            self._bytes_proxy.labels(proxy, "down").inc(down)
-            self._bytes_holder.labels(holder, "down").inc(down)
-            self.proxy_down[proxy] += down
+        for direction, size, tally in (("up", up, self.proxy_up), ("down", down, self.proxy_down)):
+            if size:
+                self._child(self._bytes_proxy, proxy, direction).inc(size)
+                self._child(self._bytes_holder, holder, direction).inc(size)
+                tally[proxy] += size
+
+    def _child(self, counter: Counter, name: str, direction: str) -> Any:
+        key = (id(counter), name, direction)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(name, direction)
+        return child
 
 
 __all__ = ["MAX_HOLDER_SERIES", "GatewayMetrics"]

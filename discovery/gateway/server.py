@@ -149,7 +149,7 @@ class ClientConnection(asyncio.Protocol):
         self.gateway = gateway
         self.transport: asyncio.Transport | None = None
         self.address: str | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._request: RequestHead | None = None
         self._head_bytes = 0
         self._body: list[bytes] = []
@@ -175,7 +175,7 @@ class ClientConnection(asyncio.Protocol):
         gateway = self.gateway
         if len(gateway.connections) >= gateway.max_connections:
             self._refused = True
-            gateway.metrics.tunnels.labels("limit").inc()
+            gateway.metrics.count(True, "limit")
             detail = "the gateway holds all the connections it may"
             self.transport.write(answer(503, "overloaded", detail, close=True))
             self.transport.close()
@@ -185,6 +185,8 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused or self.transport is None or self.transport.is_closing():
+            return
+        if self._parser is None:
             return
         if self._request is None or self._in_head:
             self._head_bytes += len(data)
@@ -212,6 +214,14 @@ class ClientConnection(asyncio.Protocol):
         if self._handler is not None and not self._handler.done():
             self._handler.cancel()
         self.drop_upstream()
+        self.detach()
+
+    def detach(self) -> None:
+        """Drops what refers back to this connection (the parser's callbacks,
+        the handler), once it is closed or a tunnel: freed by reference
+        counting, not by the garbage collector."""
+        self._parser = None
+        self._handler = None
 
     def pause_writing(self) -> None:
         if self.paused_peer is not None:
@@ -250,9 +260,11 @@ class ClientConnection(asyncio.Protocol):
         if self._parsed > MAX_HEAD_BYTES:  # a whole head, however many reads it took
             self._head_too_large()
             return
-        request.method = self._parser.get_method()
-        request.version = self._parser.get_http_version()
-        request.keep_alive = self._parser.should_keep_alive()
+        parser = self._parser
+        assert parser is not None
+        request.method = parser.get_method()
+        request.version = parser.get_http_version()
+        request.keep_alive = parser.should_keep_alive()
         length = request.header(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.gateway.settings.max_body:
             self.refuse(

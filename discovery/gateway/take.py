@@ -4,6 +4,7 @@ can be had: never a hang, always a Retry-After and a reason (docs/gateway.md,
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -25,14 +26,21 @@ REASONS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
+def _normalised(host: str) -> tuple[str | None, str]:
+    try:
+        return host_of(host), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
 def site_of(conn: ClientConnection, request: RequestHead, host: str) -> str | None:
     """The site (normalised host) a request is for; None after a 400."""
-    try:
-        return host_of(host)
-    except ValueError as exc:
+    site, problem = _normalised(host)
+    if site is None:
         conn.count(request, "bad_request")
-        conn.refuse(400, "bad_target", str(exc))
-        return None
+        conn.refuse(400, "bad_target", problem)
+    return site
 
 
 async def take(
@@ -43,6 +51,7 @@ async def take(
     try:
         return await holds.acquire(identity, site)
     except NoProxyAvailable as refusal:
+        refusal.__traceback__ = None  # no cycle through the book's frame
         reason = REASONS.get(refusal.reason, refusal.reason)
         retry_after, detail = refusal.retry_after, f"no proxy for {site}: {refusal.detail}"
     except HolderLimit as exc:

@@ -135,6 +135,7 @@ def _splice(
         gateway.metrics.moved(hold.proxy, holder, tunnel.up, tunnel.down)
         gateway.holds.done(hold)
 
+    conn.detach()
     client.write(TUNNEL_OPEN)
     tunnel = Tunnel(client, upstream.transport, on_close=closed)
     gateway.tunnels.add(tunnel)

@@ -94,6 +94,8 @@ class Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._parser = None
+        self.sink = None
         self._fail(UpstreamError("reset" if exc else "closed", "the squid closed the connection"))
 
     # -- opening and the CONNECT handshake -------------------------------------------------
