@@ -5,6 +5,6 @@ proxy in the service's process that takes leases from the lease book
 in-process and sends each request and tunnel through a leased squid.
 """
 
-from discovery.gateway.server import Gateway
+from discovery.gateway.listener import Gateway
 
 __all__ = ["Gateway"]
