@@ -20,7 +20,7 @@ import httptools
 
 from discovery.gateway.holds import Hold
 from discovery.gateway.identity import Identity
-from discovery.gateway.take import site_of, take
+from discovery.gateway.take import site_of, take, upstream_failed
 from discovery.gateway.upstream import Answer, Upstream, UpstreamError
 from discovery.gateway.wire import RequestHead, basic_credentials, forward_request, response_head
 
@@ -42,7 +42,7 @@ async def forward(conn: ClientConnection, request: RequestHead, identity: Identi
         conn.refuse(400, "bad_target", detail)
         return False
     host = url.host.decode("ascii", "replace")
-    site = site_of(conn, request, f"[{host}]" if ":" in host else host)
+    site = site_of(conn, request, host)
     if site is None:
         return False
     gateway = conn.gateway
@@ -83,13 +83,8 @@ async def _exchange(
             raise UpstreamError("auth", "the squid refused the fleet's credentials")
     except UpstreamError as failure:
         conn.drop_upstream()
-        gateway.metrics.upstream_errors.labels(failure.kind).inc()
-        await gateway.holds.report(hold, "error", site)
-        if not last:
-            return None
-        conn.count(request, "upstream_error")
-        conn.refuse(502, "upstream_error", f"the proxies failed: {failure}")
-        return False
+        await upstream_failed(conn, request, hold, site, failure, last=last)
+        return False if last else None
     gateway.metrics.first_byte.observe(time.perf_counter() - started)
     banned = not answer.squid_error and gateway.policy.is_ban(
         answer.status, _text_headers(answer), b""
@@ -101,8 +96,6 @@ async def _exchange(
             return None
     down = await _relay(conn, upstream, answer)
     gateway.metrics.moved(hold.proxy, hold.identity.holder, len(wire), down)
-    hold.bytes_up += len(wire)
-    hold.bytes_down += down
     conn.count(request, "banned" if banned else "ok")
     if not upstream.reusable:
         conn.drop_upstream()

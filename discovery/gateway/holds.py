@@ -51,8 +51,6 @@ class Hold:
     key: Key
     last_used: float
     in_use: int = 0
-    bytes_up: int = 0  # client to proxy
-    bytes_down: int = 0
     clear_sites: set[str] = field(default_factory=set)  # not cooling down for these (sessions)
     closers: set[Callable[[], None]] = field(default_factory=set)  # open tunnels
     dropped: bool = False  # out of its session or site set: no new work
@@ -113,7 +111,7 @@ class Holds:
         hold = self.sessions.get(key)
         if hold is not None and site not in hold.clear_sites:
             if await self._cooling(hold, site):
-                await self.move(hold, site)  # never used for a site it cools down for
+                await self.move(hold)  # never used for a site it cools down for
                 hold = None
             else:
                 hold.clear_sites.add(site)
@@ -194,9 +192,9 @@ class Holds:
         with contextlib.suppress(LeaseNotFound, StoreUnavailable):
             await self._book().report(hold.lease.id, outcome, host=site)
         if outcome != "ok":
-            await self.move(hold, site)
+            await self.move(hold)
 
-    async def move(self, hold: Hold, site: str | None) -> None:
+    async def move(self, hold: Hold) -> None:
         """Takes `hold` out of its session or site set, so that the next request
         gets another proxy; its lease is released once nothing uses it."""
         if hold.dropped:
@@ -214,17 +212,14 @@ class Holds:
 
     def every(self) -> list[Hold]:
         """The holds of every session and site set."""
-        found: dict[int, Hold] = {id(h): h for h in self.sessions.values()}
-        for holds in self.sets.values():
-            found.update((id(h), h) for h in holds)
-        return list(found.values())
+        return [*self.sessions.values(), *(h for holds in self.sets.values() for h in holds)]
 
     async def tick(self) -> None:
         """Renews the leases in use or recently used and releases the idle ones."""
         now = self._clock()
         for hold in self.every():
             if hold.in_use == 0 and now - hold.last_used >= self.idle_release:
-                await self.move(hold, None)
+                await self.move(hold)
                 continue
             lease = hold.lease
             if lease.expires_at - now < lease.ttl / 2:

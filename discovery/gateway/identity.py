@@ -101,8 +101,10 @@ class Admission:
         self._digest = token_digest(token) if token else None
         self.brake = brake
         self.allow = tuple(allow)
-        # Headers whose token was right, by value, the least recently used
-        # dropped first: a new connection per tunnel need not hash it again.
+        # Headers admitted before (token right, username parsed), by value, the
+        # least recently used dropped first: neither a request on a kept
+        # connection nor a new connection per tunnel hashes or parses it again.
+        # The brake is asked first all the same.
         self._admitted: OrderedDict[bytes, Identity] = OrderedDict()
 
     def allowed(self, address: str | None) -> bool:
@@ -134,10 +136,11 @@ class Admission:
             if wait:
                 detail = f"too many wrong tokens from {client_key(address)}: retry in {wait} s"
                 return Refusal(429, "too_many_wrong_tokens", detail, wait)
-            known = self._admitted.get(authorization)
-            if known is not None:  # this very header was checked before
-                self._admitted.move_to_end(authorization)
-                return known
+        known = self._admitted.get(authorization)
+        if known is not None:  # this very header was admitted before
+            self._admitted.move_to_end(authorization)
+            return known
+        if self._digest is not None:
             if not token_matches(password, self._digest):
                 self.brake.failed(address, "gateway")
                 return Refusal(407, "wrong_token", "wrong token (the proxy password)")

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from discovery.book.contract import LeaseBook
+from discovery.book.contract import LeaseBook, Outcome
 from discovery.brake import Brake
 from discovery.gateway.bans import BanPolicy
 from discovery.gateway.holds import Holds
@@ -109,12 +109,12 @@ class Gateway:
             except Exception:
                 log.exception("gateway upkeep failed; trying again")
 
-    async def report(self, holder: str, session: str, outcome: str, site: str | None) -> bool:
+    async def report(self, holder: str, session: str, outcome: Outcome, site: str | None) -> bool:
         """A report on a session's proxy through the API (tunnels the gateway
         cannot see into); False when the session holds no lease here."""
         holds = self.holds.session(holder, session)
         for hold in holds:
-            await self.holds.report(hold, outcome, site)  # type: ignore[arg-type]
+            await self.holds.report(hold, outcome, site)
         return bool(holds)
 
     def status(self) -> dict[str, dict[str, Any]]:

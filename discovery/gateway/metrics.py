@@ -25,16 +25,15 @@ class GatewayMetrics:
         ).set_function(open_tunnels)
         self.tunnels = Counter(
             "discovery_gateway_tunnels",
-            "CONNECT requests by outcome: ok, banned (reported through the API), refused "
-            "(credentials), no_proxy, limit, upstream_error, denied (the squid refused the "
-            "destination), bad_request",
+            "CONNECT requests by outcome: ok, refused (credentials), no_proxy, limit, "
+            "upstream_error, denied (the squid refused the destination), bad_request",
             ["outcome"],
             registry=registry,
         )
         self.requests = Counter(
             "discovery_gateway_requests",
             "Plain HTTP requests by outcome: ok, banned (the site refused the proxy), refused, "
-            "no_proxy, limit, upstream_error, bad_request, client_gone",
+            "no_proxy, limit, upstream_error, bad_request",
             ["outcome"],
             registry=registry,
         )

@@ -50,7 +50,6 @@ class ClientConnection(asyncio.Protocol):
         self.upstream: Upstream | None = None  # kept alive between plain requests
         self.upstream_proxy: str | None = None
         self.paused_peer: asyncio.Transport | None = None
-        self._admitted: tuple[bytes | None, Identity] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -154,11 +153,7 @@ class ClientConnection(asyncio.Protocol):
         request.keep_alive = parser.should_keep_alive()
         length = request.header(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.gateway.settings.max_body:
-            self.refuse(
-                413,
-                "body_too_large",
-                f"request bodies are limited to {self.gateway.settings.max_body} bytes",
-            )
+            self._body_too_large()
             return
         expect = request.header(b"expect")
         if (
@@ -172,11 +167,11 @@ class ClientConnection(asyncio.Protocol):
         self._body.append(body)
         self._body_size += len(body)
         if self._body_size > self.gateway.settings.max_body:
-            self.refuse(
-                413,
-                "body_too_large",
-                f"request bodies are limited to {self.gateway.settings.max_body} bytes",
-            )
+            self._body_too_large()
+
+    def _body_too_large(self) -> None:
+        limit = self.gateway.settings.max_body
+        self.refuse(413, "body_too_large", f"request bodies are limited to {limit} bytes")
 
     def on_message_complete(self) -> None:
         request = self._request
@@ -227,8 +222,6 @@ class ClientConnection(asyncio.Protocol):
     def admit(self, request: RequestHead) -> Identity | None:
         """The request's identity; None after answering a refusal."""
         header = request.header(b"proxy-authorization")
-        if self._admitted is not None and self._admitted[0] == header and header is not None:
-            return self._admitted[1]  # the same credentials on the same connection
         decision = self.gateway.admission.admit(header, self.address)
         if isinstance(decision, Refusal):
             extra: list[tuple[bytes, bytes]] = []
@@ -239,14 +232,10 @@ class ClientConnection(asyncio.Protocol):
             self.count(request, "refused")
             self.refuse(decision.status, decision.reason, decision.detail, extra)
             return None
-        self._admitted = (header, decision)
         return decision
 
     def count(self, request: RequestHead, outcome: str) -> None:
-        metrics = self.gateway.metrics
-        (metrics.tunnels if request.method == b"CONNECT" else metrics.requests).labels(
-            outcome
-        ).inc()
+        self.gateway.metrics.count(request.method == b"CONNECT", outcome)
 
     def refuse(
         self,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from discovery.book.errors import NoProxyAvailable, StoreUnavailable
 from discovery.gateway.holds import Hold, HolderLimit
 from discovery.gateway.identity import Identity
+from discovery.gateway.upstream import UpstreamError
 from discovery.gateway.wire import RequestHead
 from discovery.targets import host_of
 
@@ -35,8 +36,9 @@ def _normalised(host: str) -> tuple[str | None, str]:
 
 
 def site_of(conn: ClientConnection, request: RequestHead, host: str) -> str | None:
-    """The site (normalised host) a request is for; None after a 400."""
-    site, problem = _normalised(host)
+    """The site (normalised host) a request for `host` (an IPv6 address without
+    brackets) is for; None after a 400."""
+    site, problem = _normalised(f"[{host}]" if ":" in host else host)
     if site is None:
         conn.count(request, "bad_request")
         conn.refuse(400, "bad_target", problem)
@@ -64,4 +66,23 @@ async def take(
     return None
 
 
-__all__ = ["REASONS", "site_of", "take"]
+async def upstream_failed(
+    conn: ClientConnection,
+    request: RequestHead,
+    hold: Hold,
+    site: str,
+    failure: UpstreamError,
+    *,
+    last: bool,
+) -> None:
+    """A leased squid failed: counted, reported `error` (which moves the hold
+    away), and on the last try the client's 502."""
+    gateway = conn.gateway
+    gateway.metrics.upstream_errors.labels(failure.kind).inc()
+    await gateway.holds.report(hold, "error", site)
+    if last:
+        conn.count(request, "upstream_error")
+        conn.refuse(502, "upstream_error", f"the proxies failed: {failure}")
+
+
+__all__ = ["REASONS", "site_of", "take", "upstream_failed"]

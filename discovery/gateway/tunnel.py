@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from discovery.gateway.holds import Hold
 from discovery.gateway.identity import Identity
 from discovery.gateway.relay import Tunnel
-from discovery.gateway.take import site_of, take
+from discovery.gateway.take import site_of, take, upstream_failed
 from discovery.gateway.upstream import Upstream, UpstreamError
 from discovery.gateway.wire import TUNNEL_OPEN, RequestHead, basic_credentials
 
@@ -54,7 +54,7 @@ async def open_tunnel(conn: ClientConnection, request: RequestHead, identity: Id
         conn.refuse(400, "bad_target", "CONNECT takes HOST:PORT (an IPv6 host in brackets)")
         return
     host, _port = authority
-    site = site_of(conn, request, f"[{host}]" if ":" in host else host)
+    site = site_of(conn, request, host)
     if site is None:
         return
     if len(gateway.tunnels) >= gateway.settings.max_tunnels:
@@ -85,13 +85,11 @@ async def open_tunnel(conn: ClientConnection, request: RequestHead, identity: Id
             if upstream is not None:
                 upstream.close()
             gateway.holds.done(hold)
-            gateway.metrics.upstream_errors.labels(failure.kind).inc()
-            await gateway.holds.report(hold, "error", site)
-            if attempt < ATTEMPTS and not conn.gone:
-                continue
-            conn.count(request, "upstream_error")
-            conn.refuse(502, "upstream_error", f"the proxies failed: {failure}")
-            return
+            last = attempt == ATTEMPTS or conn.gone
+            await upstream_failed(conn, request, hold, site, failure, last=last)
+            if last:
+                return
+            continue
         except BaseException:  # the client went away (cancelled) meanwhile
             if upstream is not None:
                 upstream.close()
@@ -130,8 +128,6 @@ def _splice(
             gateway.holder_tunnels[holder] = left
         else:
             del gateway.holder_tunnels[holder]
-        hold.bytes_up += tunnel.up
-        hold.bytes_down += tunnel.down
         gateway.metrics.moved(hold.proxy, holder, tunnel.up, tunnel.down)
         gateway.holds.done(hold)
 
