@@ -23,8 +23,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
@@ -37,6 +36,7 @@ from tests.support.discovery import (
     proxy_entry,
     write_fleet,
 )
+from tests.support.http import ServedInThread
 from tests.support.squid import EchoServer, RunningSquid, loopback_settings, start_squid
 
 DIRECT = "127.0.0.1"
@@ -45,7 +45,7 @@ TOKEN = "crawl-token-" + "5e6f7a8b9c0d" * 3
 PASSWORD = "crawl-pw-" + "n0t-in-l0gs"
 
 
-class BanningSite:
+class BanningSite(ServedInThread):
     """See the module's doc. `delay` seconds per answer keep requests in flight."""
 
     def __init__(
@@ -63,9 +63,7 @@ class BanningSite:
         self.pages: Counter[int] = Counter()  # times each page was served
         self.direct = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._serve(ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self)))
 
     @property
     def base(self) -> str:
@@ -90,25 +88,6 @@ class BanningSite:
             self.served[address] += 1
             self.pages[int(match.group(1))] += 1
         return 200, f"page {match.group(1)} for {address}\n".encode()
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _handler_for(site: BanningSite) -> type[BaseHTTPRequestHandler]:

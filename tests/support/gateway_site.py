@@ -30,13 +30,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.support.http import ServedInThread
 
 DIRECT = "127.0.0.1"
 
@@ -143,7 +144,7 @@ def make_ca(directory: Path) -> LocalCA:
 # -- the site --------------------------------------------------------------------------------
 
 
-class SeeingSite:
+class SeeingSite(ServedInThread):
     """See the module's doc. `tls`: the server context that makes it HTTPS."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
@@ -153,9 +154,7 @@ class SeeingSite:
         self.direct = 0
         self.handshake_errors: list[str] = []
         self._lock = threading.Lock()
-        self._httpd = _Server(self, ("127.0.0.1", 0), _Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._serve(_Server(self, ("127.0.0.1", 0), _Handler))
 
     @property
     def base(self) -> str:
@@ -170,25 +169,6 @@ class SeeingSite:
                 self.direct += 1
                 return 403, b"no direct requests here\n"
         return 200, f"{path} for {address}\n".encode()
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class _Server(ThreadingHTTPServer):

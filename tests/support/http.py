@@ -66,21 +66,16 @@ class Route:
         return self.file.open("rb")
 
 
-class FileServer:
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self._routes: dict[str, Route] = {}
-        self._counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self._host = host
-        self._httpd = ThreadingHTTPServer((host, 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+class ServedInThread:
+    """A ThreadingHTTPServer (`_httpd`, set by the subclass) served from a
+    daemon thread between start() and stop(), or over a `with` block."""
 
-    # -- lifecycle ---------------------------------------------------------------------
+    _httpd: ThreadingHTTPServer
+    _thread: threading.Thread | None = None
 
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
+    def _serve(self, httpd: ThreadingHTTPServer) -> None:
+        httpd.daemon_threads = True
+        self._httpd = httpd
 
     def start(self) -> Self:
         if self._thread is None:
@@ -107,6 +102,21 @@ class FileServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class FileServer(ServedInThread):
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._routes: dict[str, Route] = {}
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._host = host
+        self._serve(ThreadingHTTPServer((host, 0), _handler_for(self)))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
 
     # -- routes ------------------------------------------------------------------------
 
