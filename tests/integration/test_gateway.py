@@ -443,3 +443,62 @@ def test_gateways_on_two_postgresql_replicas_never_share_a_proxy(
                 answer = http.get(f"http://127.0.0.1:{echo.port}/")
             assert answer.status_code == 503
             assert answer.headers["egress-gateway-reason"] == "all_leased"
+
+
+def test_tunnel_caps_idle_tunnels_and_slow_heads_are_closed(
+    tmp_path: Path, squids: list[Proxy]
+) -> None:
+    """--gateway-max-tunnels and --gateway-holder-tunnels refuse with their
+    reasons, a tunnel idle past --gateway-tunnel-idle is closed, and a head
+    that does not arrive whole in time is a 408."""
+    echo = EchoServer()
+    target = f"127.0.0.1:{echo.port}".encode()
+    caps = ["--gateway-max-tunnels", "2", "--gateway-holder-tunnels", "1"]
+    with ExitStack() as stack:
+        stack.callback(echo.close)
+        gateway = stack.enter_context(
+            start_gateway(tmp_path, squids, *caps, "--gateway-tunnel-idle", "2")
+        )
+        first = stack.enter_context(tunnel(gateway, target, "one"))
+        connect = b"CONNECT %s HTTP/1.1\r\nProxy-Authorization: Basic %s\r\n\r\n"
+        answer = gateway.raw(connect % (target, auth("one", TOKEN)))
+        assert status_and_reason(answer) == (503, "holder_tunnel_limit")
+        second = stack.enter_context(tunnel(gateway, target, "two"))
+        answer = gateway.raw(connect % (target, auth("three", TOKEN)))
+        assert status_and_reason(answer) == (503, "tunnel_limit")
+        assert b"retry-after: 1" in answer
+        # Idle tunnels: closed by the gateway (the upkeep looks every second).
+        for sock in (first, second):
+            sock.settimeout(10)
+            started = time.monotonic()
+            assert sock.recv(1) == b""
+            assert time.monotonic() - started < 8
+        # A head that never completes: 408 after the API's request timeout.
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as slow:
+            slow.sendall(b"GET http://x/ HTTP/1.1\r\n")
+            chunks = []
+            while chunk := slow.recv(65536):
+                chunks.append(chunk)
+        assert status_and_reason(b"".join(chunks)) == (408, "request_timeout")
+
+
+def test_plain_requests_keep_the_client_connection_alive(
+    gateway: Gateway, site: BanningSite
+) -> None:
+    credentials = b"Proxy-Authorization: Basic " + auth("c", TOKEN)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for page in (1, 2, 3):  # one after another on the same connection
+            sock.sendall(
+                b"GET %s/page/%d HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n"
+                % (site.base.encode(), page, credentials)
+            )
+            status = reader.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            length = 0
+            while (line := reader.readline()) != b"\r\n":
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+                assert name.strip().lower() != b"connection" or b"keep-alive" in value
+            assert reader.read(length).startswith(b"page %d for 127.0.0." % page)
