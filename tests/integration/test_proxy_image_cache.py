@@ -1,5 +1,6 @@
 """scripts/build-proxy-image is cached between runs and rebuilt only when its
-recipe changes (the script, its package list and the versions apt resolves).
+recipe changes (the script, its package list, the image's cloud-init settings
+and the versions apt resolves).
 
 The image itself is proved by test_end_to_end.py (built in the background by
 scripts/test, or by the first test that needs it when the cache is cold);
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = ROOT / "scripts" / "build-proxy-image"
 PACKAGE_LIST = ROOT / "scripts" / "proxy-image-packages.txt"
+CLOUD_CFG = ROOT / "scripts" / "proxy-image-cloud.cfg"
 NAME = "debian-proxy"
 OUTPUTS = (f"{NAME}.qcow2", f"{NAME}.qcow2.sha256", f"{NAME}.packages", f"{NAME}.stamp")
 
@@ -56,6 +58,8 @@ def test_cached_until_the_recipe_changes(tmp_path: Path) -> None:
     shutil.copy2(SCRIPT, script)
     package_list = scripts / PACKAGE_LIST.name
     shutil.copy2(PACKAGE_LIST, package_list)
+    cloud_cfg = scripts / CLOUD_CFG.name
+    shutil.copy2(CLOUD_CFG, cloud_cfg)
     out = tmp_path / "images"
     out.mkdir()
     for path in outputs:
@@ -72,10 +76,13 @@ def test_cached_until_the_recipe_changes(tmp_path: Path) -> None:
     changes: dict[str, Callable[[], object]] = {
         "script": lambda: script.write_text(script.read_text() + "# a recipe change\n"),
         "package list": lambda: package_list.write_text(package_list.read_text() + "# a change\n"),
+        "cloud-init settings": lambda: cloud_cfg.write_text(cloud_cfg.read_text() + "# a change\n"),
         "image": lambda: (out / f"{NAME}.qcow2").open("ab").write(b"\0"),
     }
     for what, change in changes.items():
-        saved = {p: p.read_bytes() for p in (script, package_list, out / f"{NAME}.qcow2")}
+        saved = {
+            p: p.read_bytes() for p in (script, package_list, cloud_cfg, out / f"{NAME}.qcow2")
+        }
         change()
         written = mtimes(copied)
         check = build(script, out, "--check")
