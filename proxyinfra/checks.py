@@ -7,11 +7,15 @@ problem is a config path and a message naming the offending value.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from proxyinfra.config import ProxyEntry, resolve_path
+from proxyinfra.config import ProviderEntry, ProxyEntry, resolve_path
+
+EntryT = TypeVar("EntryT", bound=ProviderEntry)
+TargetsT = TypeVar("TargetsT")
 
 
 class Report(Protocol):
@@ -46,3 +50,27 @@ def file_exists(value: str, path: str, c: Report) -> None:
     resolved = resolve_path(value, c.base_dir)
     if not resolved.is_file():
         c.add(path, f"file not found: {resolved}")
+
+
+@dataclass(frozen=True)
+class PlacementCheck(Generic[EntryT, TargetsT]):
+    """A backend's ``check_proxy`` when a proxy's placement is checked against
+    what its provider entry offers (its targets: hosts, zones, images...).
+    The targets come from the entry when it validated, else leniently from its
+    raw mapping (``of_raw``), so placement errors are reported either way."""
+
+    model: type[EntryT]
+    of: Callable[[EntryT], TargetsT]
+    of_raw: Callable[[Mapping[str, Any]], TargetsT]
+    check: Callable[[ProxyEntry, TargetsT, str, Report], None]
+
+    def __call__(
+        self,
+        proxy: ProxyEntry,
+        entry: ProviderEntry | None,
+        raw: Mapping[str, Any],
+        path: str,
+        report: Report,
+    ) -> None:
+        targets = self.of(entry) if isinstance(entry, self.model) else self.of_raw(raw)
+        self.check(proxy, targets, path, report)

@@ -16,8 +16,8 @@ from providers.gcp.config import (
     GcpProviderEntry,
 )
 from proxyinfra.backend import Backend, Deployer
-from proxyinfra.checks import Report
-from proxyinfra.config import ProviderEntry, ProxyEntry
+from proxyinfra.checks import PlacementCheck, Report
+from proxyinfra.config import ProviderEntry
 from proxyinfra.plugins import Plugin, sdk_plugin
 
 
@@ -39,20 +39,9 @@ class GcpBackend:
         assert isinstance(entry, GcpProviderEntry)
         checks.check_provider(entry, path, report)
 
-    def check_proxy(
-        self,
-        proxy: ProxyEntry,
-        entry: ProviderEntry | None,
-        raw: Mapping[str, Any],
-        path: str,
-        report: Report,
-    ) -> None:
-        targets = (
-            checks.GcpTargets.of(entry)
-            if isinstance(entry, GcpProviderEntry)
-            else checks.GcpTargets.of_raw(raw)
-        )
-        checks.check_placement(proxy, targets, path, report)
+    check_proxy = PlacementCheck(
+        GcpProviderEntry, checks.GcpTargets.of, checks.GcpTargets.of_raw, checks.check_placement
+    )
 
     def deployer(self, base_dir: Path) -> Deployer:
         from providers.gcp.deploy import GcpDeployer  # pulumi_gcp: only for a deployment

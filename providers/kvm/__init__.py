@@ -12,8 +12,8 @@ from typing import Any
 from providers.kvm import checks
 from providers.kvm.config import APT_WORD, KvmProviderEntry
 from proxyinfra.backend import Backend, Deployer
-from proxyinfra.checks import Report
-from proxyinfra.config import ProviderEntry, ProxyEntry
+from proxyinfra.checks import PlacementCheck, Report
+from proxyinfra.config import ProviderEntry
 from proxyinfra.plugins import Plugin
 
 
@@ -31,20 +31,9 @@ class KvmBackend:
         assert isinstance(entry, KvmProviderEntry)
         checks.check_provider(entry, path, report)
 
-    def check_proxy(
-        self,
-        proxy: ProxyEntry,
-        entry: ProviderEntry | None,
-        raw: Mapping[str, Any],
-        path: str,
-        report: Report,
-    ) -> None:
-        targets = (
-            checks.Targets.of(entry)
-            if isinstance(entry, KvmProviderEntry)
-            else checks.Targets.of_raw(raw)
-        )
-        checks.check_placement(proxy, targets, path, report)
+    check_proxy = PlacementCheck(
+        KvmProviderEntry, checks.Targets.of, checks.Targets.of_raw, checks.check_placement
+    )
 
     def deployer(self, base_dir: Path) -> Deployer:
         from providers.kvm.deploy import KvmDeployer  # pulumi resources: only for a deployment
