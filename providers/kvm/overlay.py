@@ -34,11 +34,10 @@ from pulumi.dynamic import (
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.errors import HostError, HostResourceMissing
-from providers.kvm.resource import KvmProvider
+from providers.kvm.resource import VolumeProvider
 from providers.kvm.volumes import (
     GIB,
     VolumeInfo,
-    delete_volume,
     human,
     lookup_pool,
     lookup_volume,
@@ -76,7 +75,9 @@ def _is_unknown(value: Any) -> bool:
     return isinstance(value, pulumi.output.Unknown)
 
 
-class OverlayProvider(KvmProvider):
+class OverlayProvider(VolumeProvider):
+    kind = "overlay"
+
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = []
         known = {k: v for k, v in news.items() if not _is_unknown(v)}  # preview: base not made yet
@@ -173,12 +174,6 @@ class OverlayProvider(KvmProvider):
             info = self._describe(vol)
             self.logger(access, name).info("overlay grown to %s", human(info.capacity))
         return UpdateResult(outs=self._outputs(news, info))
-
-    def delete(self, _id: str, props: dict[str, Any]) -> None:
-        args = _args(props)
-        conn = self.connection(props).libvirt()
-        if delete_volume(lookup_pool(conn, args.host), args.name):
-            self.logger(args.host, args.name).info("overlay deleted")
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -61,6 +61,21 @@ class KvmProvider(ResourceProvider):
         )
 
 
+class VolumeProvider(KvmProvider):
+    """Base of the providers whose resource is one volume of the host's pool,
+    named ``props["name"]`` (Overlay, SeedIso): deleted by that name, and
+    deleted already when it is gone."""
+
+    kind = "volume"  # the log line's word for it: "overlay deleted"
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        from providers.kvm.volumes import delete_volume, lookup_pool
+
+        access, name = self.access(props), props["name"]
+        if delete_volume(lookup_pool(self.connection(props).libvirt(), access), name):
+            self.logger(access, name).info("%s deleted", self.kind)
+
+
 class _Context(logging.LoggerAdapter[logging.Logger]):
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         assert self.extra is not None

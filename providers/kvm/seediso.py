@@ -31,9 +31,8 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.iso import build_nocloud_iso
-from providers.kvm.resource import KvmProvider
+from providers.kvm.resource import VolumeProvider
 from providers.kvm.volumes import (
-    delete_volume,
     human,
     lookup_pool,
     lookup_volume,
@@ -90,7 +89,9 @@ def build_seed(props: dict[str, Any]) -> bytes:
     return build_nocloud_iso(args.user_data, args.meta_data, args.vendor_data, args.network_config)
 
 
-class SeedIsoProvider(KvmProvider):
+class SeedIsoProvider(VolumeProvider):
+    kind = "seed"
+
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = [f for key in DOCUMENTS if (f := _document_failure(key, news.get(key)))]
         name = news.get("name")
@@ -139,12 +140,6 @@ class SeedIsoProvider(KvmProvider):
         info = parse_volume_xml(vol.XMLDesc(0))
         # The content is not read back: sha256 stays what was uploaded.
         return ReadResult(id_=id_, outs={**props, "path": info.path, "size": info.capacity})
-
-    def delete(self, _id: str, props: dict[str, Any]) -> None:
-        args = _args(props)
-        conn = self.connection(props).libvirt()
-        if delete_volume(lookup_pool(conn, args.host), args.name):
-            self.logger(args.host, args.name).info("seed deleted")
 
     # -- helpers ---------------------------------------------------------------------------
 
