@@ -24,7 +24,6 @@ from providers.kvm.access import HostAccess
 from providers.kvm.bridge import SocketBridge
 from providers.kvm.errors import HostUnreachable, LibvirtSocketError, LibvirtUnavailable
 from providers.kvm.openssh import ForwardFailed, fell_back, forwarded_libvirt
-from providers.kvm.simulated import simulated_host, simulated_root
 from providers.kvm.ssh import SshSession
 from providers.kvm.trace import Traced, error_label, wrap
 
@@ -190,26 +189,22 @@ class LibvirtSource(Protocol):
 
 
 Connector = Callable[[HostAccess], LibvirtSource]
-_connector: Connector | None = None
+_connector: Connector = connect
 
 
 def source(access: HostAccess) -> LibvirtSource:
-    """Where the kvm resources get a host's libvirt connection: the pooled SSH
-    connection, unless a test put another connector in place or the
-    environment asks for simulated hosts (providers.kvm.simulated)."""
-    if _connector is not None:
-        return _connector(access)
-    root = simulated_root()
-    if root is not None:
-        return simulated_host(root, access)
-    return connect(access)
+    """Where the kvm resources get a host's libvirt connection: from the
+    connector in place, the pooled SSH connection unless ``use_connector``
+    put another."""
+    return _connector(access)
 
 
 @contextlib.contextmanager
 def use_connector(connector: Connector) -> Iterator[None]:
     """Within the block, every resource in this process reaches its hosts
-    through ``connector`` (the one seam: fast tests hand libvirt's in-memory
-    test driver here instead of SSH)."""
+    through ``connector``. The one way to change where hosts are reached: the
+    provider process enters it at start for simulated hosts
+    (providers.kvm.resource.start), fast tests for their in-memory host."""
     global _connector
     before, _connector = _connector, connector
     try:

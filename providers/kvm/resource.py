@@ -1,22 +1,47 @@
-"""What every kvm dynamic provider shares: the host connection and logging.
+"""What every kvm dynamic provider shares: the process's start, the host
+connection and logging.
 
 Providers are pickled into state, so they keep no connection: the host's
 access settings travel as the input ``host`` and the live connection comes
-from the per-process pool in providers.kvm.connection.
+from the connector in place (providers.kvm.connection: the per-process pool
+of SSH connections, or the simulated hosts the environment asks for).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from typing import Any
 
 from pulumi.dynamic import ResourceProvider
 
+from providers.kvm import simulated
 from providers.kvm.access import HostAccess
-from providers.kvm.connection import LibvirtSource, source
+from providers.kvm.connection import LibvirtSource, source, use_connector
 from proxyinfra import logs
 
 log = logging.getLogger("kvm")
+_started = False
+_start_lock = threading.Lock()
+_process = contextlib.ExitStack()  # what start() put in place, for the process's life
+
+
+def start() -> None:
+    """What a provider process does once, before its first call reaches a host
+    (idempotent): log levels from the environment and, when the environment
+    names a directory of simulated hosts (providers.kvm.simulated), their
+    connector put in place through the connection seam for the rest of the
+    process."""
+    global _started
+    with _start_lock:
+        if _started:
+            return
+        _started = True
+        logs.configure()
+        root = simulated.simulated_root()
+        if root is not None:
+            _process.enter_context(use_connector(simulated.connector(root)))
 
 
 class KvmProvider(ResourceProvider):
@@ -27,7 +52,7 @@ class KvmProvider(ResourceProvider):
         return HostAccess.from_props(props["host"])
 
     def connection(self, props: dict[str, Any]) -> LibvirtSource:
-        logs.configure()  # first call in the provider process sets levels from the env
+        start()  # the first call in the provider process starts it
         return source(self.access(props))
 
     def _discard(

@@ -5,14 +5,16 @@ hundreds of proxies run through the real CLI on one machine (bench/stack_scale)
 and the fast tests run the providers without SSH.
 
 Selected only by the environment variable :data:`SIMULATED_HOSTS_ENV` naming a
-directory, read by the provider process (it inherits the CLI's environment):
-no config key and no program code selects it, so a stack's settings cannot
-turn it on by mistake, and the provider logs a warning on first use. Each host
-(provider, host name) keeps its pool's volumes, their contents and its
-domains under ``DIR/<provider>--<host>/`` as one file per object, written
-through on every change, so the next CLI command (another process) finds the
-host as the last one left it. One directory per stack: two CLI commands at
-once on one directory would overwrite each other.
+directory, read once when the provider process starts
+(providers.kvm.resource.start; the process inherits the CLI's environment),
+which then puts :func:`connector` in place through the connection seam
+(providers.kvm.connection.use_connector) and logs a warning: no config key
+and no program code selects it, so a stack's settings cannot turn it on by
+mistake. Each host (provider, host name) keeps its pool's volumes, their
+contents and its domains under ``DIR/<provider>--<host>/`` as one file per
+object, written through on every change, so the next CLI command (another
+process) finds the host as the last one left it. One directory per stack: two
+CLI commands at once on one directory would overwrite each other.
 
 The test driver lacks what a real host has in five places, filled in here:
 volume upload and download (contents per volume path; ``<physical>`` and
@@ -20,7 +22,8 @@ volume upload and download (contents per volume path; ``<physical>`` and
 resize (the volume is made again at the new capacity), free memory (the driver
 reports 0), undefine with the NVRAM flag (refused by the driver: dropped),
 and DHCP leases (none: addresses come from the driver's interfaceAddresses).
-Fault hooks for tests are methods a subclass overrides (tests/support/testdriver.py).
+The fast tests use the same host behind the same seam, with their faults
+layered on its connection outside the product (tests/support/host_faults.py).
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ from typing import Any
 import libvirt
 
 from providers.kvm.access import HostAccess
+from providers.kvm.connection import Connector
 
 SIMULATED_HOSTS_ENV = "EGRESS_PROXIES_SIMULATED_HOSTS"
 GIB = 1024**3
 POOL_ROOT = "/var/lib/egress-proxies/simulated"
+SIMULATED_FREE_MEMORY = 1024 * GIB  # hundreds of proxies per simulated host fit
 TEST_NS = "http://libvirt.org/schemas/domain/test/1.0"
 
 log = logging.getLogger("kvm")
@@ -72,31 +77,20 @@ def _files(directory: Path) -> list[Path]:
 
 
 class SimulatedHost:
-    """One in-memory libvirt host. ``persist=True`` loads what ``directory``
-    holds and writes every change back to it."""
+    """One libvirt host in memory, made from what ``directory`` holds and
+    writing every change back to it; its pool ``pool`` lies at
+    ``POOL_ROOT/<pool>``."""
 
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        pool: str,
-        network: str | None,
-        pool_path: str | None = None,
-        free_memory: int = 4 * GIB,
-        persist: bool = False,
-    ) -> None:
+    def __init__(self, directory: Path, *, pool: str, network: str | None) -> None:
         self.directory = directory
-        self.persist = persist
-        self.free_memory = free_memory
+        self.free_memory = SIMULATED_FREE_MEMORY
         self.contents: dict[str, bytes] = {}
         self.mtimes: dict[str, float] = {}  # volume path -> when its last upload finished
         self._lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
-        volumes, domains = self._load() if persist else ("", "")
+        volumes, domains = self._load()
         node = directory / "node.xml"
-        node.write_text(
-            _node_xml(pool, pool_path or f"{POOL_ROOT}/{pool}", network, volumes, domains)
-        )
+        node.write_text(_node_xml(pool, f"{POOL_ROOT}/{pool}", network, volumes, domains))
         self.raw = libvirt.open(f"test://{node}")
 
     # ---- the connector seam -------------------------------------------------
@@ -110,21 +104,6 @@ class SimulatedHost:
 
     def close(self) -> None:
         self.raw.close()
-
-    # ---- hooks a test host overrides ------------------------------------------
-
-    def before_send(self, sent: int, data: bytes) -> None:
-        """Called before each chunk of an upload (``sent`` bytes so far)."""
-
-    def volume_created(self, vol: Any, xml: str) -> None:
-        """Called after a volume is made in the pool."""
-
-    def uploaded(self, path: str, received: bytes) -> bytes:
-        """A finished upload's bytes: what the volume's file now holds."""
-        return received
-
-    def interface_addresses(self, dom: Any, source: int, flags: int) -> Any:
-        return dom.interfaceAddresses(source, flags)
 
     # ---- persistence ----------------------------------------------------------
 
@@ -153,8 +132,6 @@ class SimulatedHost:
         tmp.replace(target)
 
     def save_domain(self, name: str) -> None:
-        if not self.persist:
-            return
         with self._lock:
             try:
                 dom = self.raw.lookupByName(name)
@@ -169,20 +146,17 @@ class SimulatedHost:
             self._write("domains", name, xml.encode())
 
     def save_volume(self, vol: Any) -> None:
-        if self.persist:
-            with self._lock:
-                self._write("volumes", vol.name(), vol.XMLDesc(0).encode())
+        with self._lock:
+            self._write("volumes", vol.name(), vol.XMLDesc(0).encode())
 
     def save_contents(self, name: str, path: str) -> None:
-        if self.persist:
-            with self._lock:
-                self._write("contents", name, self.contents[path], self.mtimes[path])
+        with self._lock:
+            self._write("contents", name, self.contents[path], self.mtimes[path])
 
     def forget_volume(self, name: str) -> None:
-        if self.persist:
-            with self._lock:
-                self._file("volumes", name).unlink(missing_ok=True)
-                self._file("contents", name).unlink(missing_ok=True)
+        with self._lock:
+            self._file("volumes", name).unlink(missing_ok=True)
+            self._file("contents", name).unlink(missing_ok=True)
 
 
 # ---- the libvirt objects, wrapped ------------------------------------------------
@@ -244,11 +218,10 @@ class _Conn(_Wrapper):
 
 
 class _Pool(_Wrapper):
-    def createXML(self, xml: str, flags: int = 0) -> Any:
-        vol = _wrap(self.raw.createXML(xml, flags), self.host)
-        self.host.volume_created(vol, xml)
-        self.host.save_volume(vol.raw)
-        return vol
+    CHANGES = frozenset({"createXML"})
+
+    def changed(self, result: Any) -> None:
+        self.host.save_volume(result.raw)
 
 
 class _Vol(_Wrapper):
@@ -326,9 +299,6 @@ class _Domain(_Wrapper):
         self.host.save_domain(name)
         return result
 
-    def interfaceAddresses(self, source: int, flags: int = 0) -> Any:
-        return self.host.interface_addresses(self.raw, source, flags)
-
 
 class _Network(_Wrapper):
     def DHCPLeases(self, mac: str | None = None, flags: int = 0) -> list[dict[str, Any]]:
@@ -345,7 +315,6 @@ class _Stream:
         self.pending = b""
 
     def send(self, data: bytes) -> int:
-        self.host.before_send(len(self.received), data)
         self.received += data
         return len(data)
 
@@ -356,7 +325,7 @@ class _Stream:
     def finish(self) -> None:
         if self.target is not None:
             path = self.target.raw.path()
-            self.host.contents[path] = self.host.uploaded(path, bytes(self.received))
+            self.host.contents[path] = bytes(self.received)
             self.host.mtimes[path] = time.time()
             self.host.save_contents(self.target.raw.name(), path)
 
@@ -366,7 +335,6 @@ class _Stream:
 
 # ---- hosts selected by the environment ------------------------------------------
 
-SIMULATED_FREE_MEMORY = 1024 * GIB  # hundreds of proxies per simulated host fit
 _hosts: dict[tuple[str, str], SimulatedHost] = {}
 _hosts_lock = threading.Lock()
 
@@ -383,6 +351,17 @@ def simulated_root() -> Path | None:
     return Path(value) if value else None
 
 
+def connector(root: Path) -> Connector:
+    """The seam's connector for hosts simulated under ``root``; logs that
+    nothing will reach a real host (once: the provider puts it in place once)."""
+    log.warning(
+        "%s=%s: every kvm host is simulated by libvirt's test driver; nothing reaches a real host",
+        SIMULATED_HOSTS_ENV,
+        root,
+    )
+    return lambda access: simulated_host(root, access)
+
+
 def simulated_host(root: Path, access: HostAccess) -> SimulatedHost:
     """The simulated host of ``access`` (one per provider and host name per
     process), made from what ``root`` holds for it."""
@@ -390,18 +369,9 @@ def simulated_host(root: Path, access: HostAccess) -> SimulatedHost:
     with _hosts_lock:
         host = _hosts.get(key)
         if host is None:
-            if not _hosts:
-                log.warning(
-                    "%s=%s: every kvm host is simulated by libvirt's test driver; "
-                    "nothing reaches a real host",
-                    SIMULATED_HOSTS_ENV,
-                    root,
-                )
             host = _hosts[key] = SimulatedHost(
                 root / _dir_name(f"{access.provider}--{access.host}"),
                 pool=access.pool,
                 network=access.network,
-                free_memory=SIMULATED_FREE_MEMORY,
-                persist=True,
             )
         return host

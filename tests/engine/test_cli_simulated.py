@@ -29,9 +29,7 @@ class Simulated:
 
     def host(self, name: str) -> SimulatedHost:
         """A host as a provider process finds it (close it before the next CLI run)."""
-        return SimulatedHost(
-            self.hosts / f"home--{name}", pool="default", network="n", persist=True
-        )
+        return SimulatedHost(self.hosts / f"home--{name}", pool="default", network="n")
 
     def domains(self) -> dict[str, int]:
         """Every simulated domain (all hosts) and its run state."""

@@ -2,16 +2,15 @@
 
 The host itself is the product's simulated host (providers.kvm.simulated:
 libvirt's test driver, with upload, download, resize, free memory and DHCP
-filled in), kept in memory only and put behind the kvm connector seam
-(``providers.kvm.connection.use_connector``), so a provider's create, read,
-update and delete run in-process exactly as on a real host, minus SSH.
+filled in, each change written under the test's directory), put behind the
+kvm connector seam (``providers.kvm.connection.use_connector``), so a
+provider's create, read, update and delete run in-process exactly as on a
+real host, minus SSH.
 
-What only tests need is added here: faults (``fail_upload_after`` breaks an
-upload after that many bytes; ``prewrite_qcow2`` gives a new qcow2 volume a
-file of that many bytes, as qemu-img create writes, which an upload
-overwrites but, as libvirt's, never truncates; ``answer_addresses = False``:
-the guest never reports an address), the order of finished uploads, and
-helpers to look at or change the host out of band.
+What only tests need is added here: the faults of tests/support/host_faults.py
+(a broken upload, a pre-written qcow2 file, a guest without an address), the
+order of finished uploads, a host of 4 GiB free memory, and helpers to look
+at or change the host out of band.
 """
 
 from __future__ import annotations
@@ -26,49 +25,23 @@ import libvirt
 
 from providers.kvm.access import HostAccess
 from providers.kvm.connection import use_connector
-from providers.kvm.simulated import GIB, SimulatedHost
+from providers.kvm.simulated import GIB, POOL_ROOT
+from tests.support.host_faults import FaultyHost
 
 POOL = "proxies"
-POOL_PATH = "/var/lib/egress-proxies/pool"
+POOL_PATH = f"{POOL_ROOT}/{POOL}"
 NETWORK = "proxies"
 
 
-class TestHost(SimulatedHost):
+class TestHost(FaultyHost):
     """One in-memory libvirt host; ``with host.serving():`` routes every kvm
     resource of this process to it."""
 
     __test__ = False  # not a pytest class
 
     def __init__(self, directory: Path, *, free_memory: int = 4 * GIB) -> None:
-        super().__init__(
-            directory, pool=POOL, network=NETWORK, pool_path=POOL_PATH, free_memory=free_memory
-        )
-        self.fail_upload_after: int | None = None
-        self.prewrite_qcow2 = 0
-        self.prewritten: set[str] = set()  # volume paths given a pre-written file
-        self.answer_addresses = True  # False: the guest never reports an address
-        self.uploads: list[str] = []  # volume names, in the order their uploads finished
-
-    def before_send(self, sent: int, data: bytes) -> None:
-        limit = self.fail_upload_after
-        if limit is not None and sent + len(data) > limit:
-            raise libvirt.libvirtError("test host: the upload broke off")
-
-    def volume_created(self, vol: Any, xml: str) -> None:
-        fmt = ET.fromstring(xml).find("target/format")
-        if self.prewrite_qcow2 and fmt is not None and fmt.get("type") == "qcow2":
-            path = vol.raw.path()
-            self.contents[path] = bytes(self.prewrite_qcow2)
-            self.prewritten.add(path)
-
-    def uploaded(self, path: str, received: bytes) -> bytes:
-        # Overwritten, not truncated: a pre-written file keeps its tail.
-        tail = self.contents.get(path, b"")[len(received) :]
-        self.uploads.append(path.rsplit("/", 1)[-1])
-        return received + (tail if path in self.prewritten else b"")
-
-    def interface_addresses(self, dom: Any, source: int, flags: int) -> Any:
-        return dom.interfaceAddresses(source, flags) if self.answer_addresses else {}
+        super().__init__(directory, pool=POOL, network=NETWORK)
+        self.free_memory = free_memory
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[TestHost]:

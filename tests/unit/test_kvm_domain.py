@@ -177,7 +177,7 @@ def test_delete_removes_the_domain(test_host: TestHost) -> None:
 
 
 def test_a_create_without_an_address_leaves_no_domain(test_host: TestHost) -> None:
-    test_host.answer_addresses = False
+    test_host.answer_from = set()
     with pytest.raises(KvmError, match=r"got no IP address within 1s on network 'proxies'"):
         create(test_host, ipTimeoutSeconds=1)
     assert NAME not in test_host.domains()
@@ -230,7 +230,7 @@ def test_a_domain_of_another_stack_under_the_name_is_left_alone(test_host: TestH
 
 
 def test_a_libvirt_failure_during_create_names_the_host(test_host: TestHost) -> None:
-    test_host.answer_addresses = False
+    test_host.answer_from = set()
 
     class Broken(ProxyDomainProvider):
         @staticmethod
@@ -246,16 +246,6 @@ def test_a_libvirt_failure_during_create_names_the_host(test_host: TestHost) -> 
     assert "End of file while reading data" in str(caught.value)  # the first error, kept
     assert "host 'testhost'" in notes and f"domain {NAME}" in notes
     assert "may remain: internal error: client socket is closed" in notes
-
-
-def _answer_only(test_host: TestHost, source: int) -> None:
-    """The guest answers through one address source only (the driver knows them all)."""
-    real = test_host.interface_addresses
-
-    def answer(dom: Any, asked: int, flags: int) -> Any:
-        return real(dom, asked, flags) if asked == source else {}
-
-    test_host.interface_addresses = answer  # type: ignore[method-assign,assignment]
 
 
 @pytest.mark.parametrize(
@@ -282,7 +272,7 @@ def test_the_create_logs_where_the_address_came_from(
     access: dict[str, Any],
     logged: str,
 ) -> None:
-    _answer_only(test_host, source)
+    test_host.answer_from = {source}  # the driver knows them all
     props = inputs(test_host) | {"host": test_host.access(**access).to_props()}
     caplog.set_level("INFO", logger="kvm")
     result = ProxyDomainProvider().create(props)

@@ -1,16 +1,18 @@
 """Simulated hosts (providers.kvm.simulated): what one provider process leaves
 on a host, the next finds, as the CLI runs one process per command; and the
-environment variable, nothing else, selects them."""
+environment variable, read once when the provider process starts, nothing
+else, puts them in place through the connection seam."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
 import libvirt
 import pytest
 
-from providers.kvm import connection
+from providers.kvm import connection, resource, simulated
 from providers.kvm.connection import source, use_connector
 from providers.kvm.simulated import SIMULATED_HOSTS_ENV, SimulatedHost, simulated_host
 from providers.kvm.volumes import upload
@@ -36,7 +38,7 @@ def _volume(name: str, capacity: int, backing: str | None = None) -> str:
 
 
 def _host(directory: Path) -> SimulatedHost:
-    return SimulatedHost(directory, pool="vms", network="proxies", persist=True)
+    return SimulatedHost(directory, pool="vms", network="proxies")
 
 
 def test_a_second_process_finds_what_the_first_left(tmp_path: Path) -> None:
@@ -95,16 +97,40 @@ def test_a_second_process_finds_what_the_first_left(tmp_path: Path) -> None:
     third.close()
 
 
-def test_only_the_environment_selects_simulated_hosts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as a provider process not started yet (the CLI starts one
+    per command); the seam and the simulated hosts are put back afterwards."""
+    monkeypatch.setattr(resource, "_started", False)
+    monkeypatch.setattr(resource, "_process", contextlib.ExitStack())
+    monkeypatch.setattr(connection, "_connector", connection._connector)
+    monkeypatch.setattr(simulated, "_hosts", {})
+
+
+@pytest.mark.usefixtures("new_process")
+def test_without_the_environment_hosts_are_reached_over_ssh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     access = TestHost(tmp_path / "t").access(provider="home", host="nas/1")
     monkeypatch.delenv(SIMULATED_HOSTS_ENV, raising=False)
+    resource.start()
     assert isinstance(source(access), connection.HostConnection)
 
-    monkeypatch.setattr("providers.kvm.simulated._hosts", {})
+    # Read once, at start: set later, the variable changes nothing.
+    monkeypatch.setenv(SIMULATED_HOSTS_ENV, str(tmp_path / "sim"))
+    resource.start()
+    assert isinstance(source(access), connection.HostConnection)
+
+
+@pytest.mark.usefixtures("new_process")
+def test_the_environment_puts_simulated_hosts_in_place_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    access = TestHost(tmp_path / "t").access(provider="home", host="nas/1")
     monkeypatch.setenv(SIMULATED_HOSTS_ENV, str(tmp_path / "sim"))
     with caplog.at_level(logging.WARNING, logger="kvm"):
+        resource.start()
+        resource.start()  # once per process
         host = source(access)
         assert source(access) is host  # one per host per process
     assert isinstance(host, SimulatedHost)
@@ -113,7 +139,9 @@ def test_only_the_environment_selects_simulated_hosts(
     assert len(warned) == 1 and "simulated" in warned[0], warned
     assert host is simulated_host(tmp_path / "sim", access)
 
-    # A test's connector still comes first.
+    # Through the one seam: a connector put in place later comes first, and
+    # the simulated hosts come back after it.
     other = TestHost(tmp_path / "other")
     with use_connector(lambda _access: other):
         assert source(access) is other
+    assert source(access) is host
