@@ -12,17 +12,13 @@ from collections.abc import Generator
 import pytest
 
 from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
-from tests.support.kube import (
-    KUBE_MARK,
-    kube_cluster,  # noqa: F401  (session fixture: scripts/kube up)
-)
+from tests.support.kube import kube_cluster  # noqa: F401  (session fixture: scripts/kube up)
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
+from tests.support.suite_order import CLI_MARK, KUBE_MARK, distribute, plan
 from tests.support.testbed import (  # noqa: F401  (fixtures: the libvirt testbed, a connection to it)
     testbed,
     testbed_conn,
 )
-
-CLI_MARK = "pulumi_cli"
 
 # Every program the test process starts, whatever built its argv: a program
 # no package list installs fails the run here, not on a fresh machine.
@@ -30,16 +26,16 @@ _RECORDER = ExecRecorder()
 sys.addaudithook(_RECORDER)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    distribute(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The tests of the real CLI last, and of those the ones on the Kubernetes
     # cluster: on a new machine scripts/test leaves their builds running in
-    # the background while everything else runs first.
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker(CLI_MARK) is not None,
-            item.get_closest_marker(KUBE_MARK) is not None,
-        )
-    )
+    # the background while everything else runs first. Under pytest-xdist,
+    # the tests of one machine-wide thing share a worker (suite_order).
+    plan(config, items)
 
 
 class _Gate:
@@ -128,11 +124,25 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None]:
         )
 
 
+# Programs the workers of a distributed run saw (pytest-xdist sends each
+# worker's `workeroutput` back when it ends).
+_WORKERS_SAW: dict[str, str] = {}
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    _WORKERS_SAW.update(getattr(node, "workeroutput", {}).get("programs", {}))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _RECORDER.active = False
-    missing = unregistered(_RECORDER.seen, read_registry())
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a worker: the controller checks for the whole run
+        output["programs"] = dict(_RECORDER.seen)
+        return
+    seen = {**_WORKERS_SAW, **_RECORDER.seen}
+    missing = unregistered(seen, read_registry())
     if missing:
-        lines = [f"  {name} (run as {_RECORDER.seen[name]})" for name in missing]
+        lines = [f"  {name} (run as {seen[name]})" for name in missing]
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = (
             "the tests ran programs that scripts/programs.txt does not register "

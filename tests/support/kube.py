@@ -2,8 +2,9 @@
 its API server for what a test checks on the cluster's side.
 
 `scripts/kube up` starts the cluster (quick when it is up already) and prints
-its JSON object; the session stops it again only if it found none running,
-unless KUBE_KEEP=1. The client reads the admin kubeconfig `up` printed, as a
+its JSON object; the test run stops it again only if it found none running,
+when its last worker using it ends (tests/support/shared_use.py), unless
+KUBE_KEEP=1. The client reads the admin kubeconfig `up` printed, as a
 user's tools would.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests.support.shared_use import shared_use
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube"
@@ -111,19 +114,31 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[Cluster]:
-    was_up = run_kube("status").returncode == 0
-    done = run_kube("up")
-    if done.returncode != 0:
-        raise AssertionError(f"scripts/kube up failed:\n{done.stderr[-6000:]}")
-    cluster = Cluster.from_json(done.stdout.strip().splitlines()[-1])
-    try:
-        yield cluster
-    finally:
-        cluster.api.close()
-        if not was_up and os.environ.get("KUBE_KEEP") != "1":
-            down = run_kube("down", timeout=600)
-            if down.returncode != 0:
-                raise AssertionError(f"scripts/kube down failed:\n{down.stderr[-4000:]}")
+    printed: list[str] = []
+
+    def up() -> None:
+        done = run_kube("up")
+        if done.returncode != 0:
+            raise AssertionError(f"scripts/kube up failed:\n{done.stderr[-6000:]}")
+        printed.append(done.stdout.strip().splitlines()[-1])
+
+    def down() -> None:
+        done = run_kube("down", timeout=600)
+        if done.returncode != 0:
+            raise AssertionError(f"scripts/kube down failed:\n{done.stderr[-4000:]}")
+
+    with shared_use(
+        "kube",
+        is_up=lambda: run_kube("status").returncode == 0,
+        up=up,
+        down=down,
+        keep=os.environ.get("KUBE_KEEP") == "1",
+    ):
+        cluster = Cluster.from_json(printed[-1])
+        try:
+            yield cluster
+        finally:
+            cluster.api.close()
 
 
 def kube_stack_config(

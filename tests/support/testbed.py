@@ -3,8 +3,9 @@
 The testbed is this machine as a libvirt host reached over SSH on loopback:
 libvirtd (qemu/TCG), a private sshd, a non-root user in the libvirt group, a
 storage pool and an isolated network. `scripts/testbed up` makes it (quick
-when it is up already); the session tears it down again only if it found
-none, unless TESTBED_KEEP=1.
+when it is up already); the test run tears it down again only if it found
+none, when its last worker using it ends (tests/support/shared_use.py),
+unless TESTBED_KEEP=1.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import yaml
 
 from providers.kvm.access import HostAccess
 from providers.kvm.config import KvmProviderEntry
+from tests.support.shared_use import shared_use
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "testbed"
@@ -188,21 +190,29 @@ def testbed() -> Iterator[Testbed]:
         pytest.fail(
             "the testbed needs root: it starts libvirtd and sshd and adds a user", pytrace=False
         )
-    # Only a testbed this session made from nothing is torn down afterwards;
-    # one that was there (a developer's, the dev stack's) stays.
-    made_here = not ENV_FILE.exists()
-    keep = os.environ.get("TESTBED_KEEP") == "1"
-    try:
+
+    # Only a testbed this run made from nothing is torn down afterwards, by
+    # the last worker using it; one that was there (a developer's, the dev
+    # stack's) stays.
+    def up() -> None:
         result = run_testbed("up")
         if result.returncode != 0:
             pytest.fail(
                 f"scripts/testbed up failed (exit {result.returncode}):\n{result.stderr}",
                 pytrace=False,
             )
+
+    def down() -> None:
+        run_testbed("down")
+
+    with shared_use(
+        "testbed",
+        is_up=ENV_FILE.exists,
+        up=up,
+        down=down,
+        keep=os.environ.get("TESTBED_KEEP") == "1",
+    ):
         yield load_testbed()
-    finally:
-        if made_here and not keep:
-            run_testbed("down")
 
 
 def access_for(testbed: Testbed, **changes: Any) -> HostAccess:

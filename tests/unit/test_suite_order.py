@@ -5,6 +5,7 @@ and a test that runs the CLI without saying so fails on every machine."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,7 +102,8 @@ def test_a_failed_kubernetes_build_fails_only_the_tests_that_need_it(
 def real_looking_cli() -> Iterator[Path]:
     """A `pulumi` outside the temporary directories, as a real one is (a
     stand-in a test writes to /tmp does not count as the CLI)."""
-    cli = ROOT / ".cache" / "suite-order" / "pulumi"
+    # One directory per worker process: the suite's workers run tests side by side.
+    cli = ROOT / ".cache" / "suite-order" / str(os.getpid()) / "pulumi"
     cli.parent.mkdir(parents=True, exist_ok=True)
     cli.write_text("#!/bin/sh\necho v3.0.0-stand-in\n")
     cli.chmod(0o755)
@@ -141,3 +143,79 @@ def test_a_stand_in_cli_in_a_temporary_directory_needs_no_mark(
     cli.chmod(0o755)
     test = f"import subprocess\ndef test_fake():\n    subprocess.run([{str(cli)!r}], check=True)\n"
     suite(pytester, {"test_fake": test}).assert_outcomes(passed=1)
+
+
+def distributed(pytester: pytest.Pytester, files: dict[str, str], workers: int) -> pytest.RunResult:
+    """FILES as a suite of their own, run by pytest-xdist's workers as scripts/test runs it."""
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makeini(
+        "[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n    kubernetes: needs the cluster\n"
+    )
+    pytester.makepyfile(**files)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(ROOT))
+        patch.setenv("HOME", HOME)
+        patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")
+        patch.setenv("EGRESS_PROXIES_KUBE_GATE", "true")
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-n", str(workers))
+
+
+def ran_where(result: pytest.RunResult) -> dict[str, list[str]]:
+    """Worker -> the tests it passed, in the order it ran them."""
+    workers: dict[str, list[str]] = {}
+    for line in result.outlines:
+        found = re.match(r"\[(gw\d+)\] \[\s*\d+%\] PASSED (\S+?)(@\S+)?\s*$", line)
+        if found:
+            workers.setdefault(found[1], []).append(found[2])
+    return workers
+
+
+def test_under_workers_the_tests_of_one_machine_wide_thing_share_a_worker_in_order(
+    pytester: pytest.Pytester,
+) -> None:
+    # Each of the testbed's tests takes a while, so a spread over workers would show.
+    bed = (
+        "import time, pytest\n"
+        "@pytest.fixture\n"
+        "def testbed(): time.sleep(0.3)\n"
+        "@pytest.mark.pulumi_cli\n"
+        "def test_bed_cli(testbed): pass\n"
+        + "".join(f"def test_bed_{i}(testbed): pass\n" for i in range(5))
+    )
+    kube = (
+        "import pytest\n"
+        "pytestmark = [pytest.mark.pulumi_cli, pytest.mark.kubernetes]\n"
+        + "".join(f"def test_pods_{i}(): pass\n" for i in range(3))
+    )
+    unit = "".join(f"def test_unit_{i}(): pass\n" for i in range(12))
+    result = distributed(pytester, {"test_bed": bed, "test_kube": kube, "test_unit": unit}, 3)
+    result.assert_outcomes(passed=21)
+    where = ran_where(result)
+    holding = {
+        prefix: {gw for gw, tests in where.items() if any(prefix in t for t in tests)}
+        for prefix in ("test_bed.py", "test_kube.py")
+    }
+    assert all(len(workers) == 1 for workers in holding.values()), where
+    [bed_worker] = holding["test_bed.py"]
+    in_bed = [t for t in where[bed_worker] if t.startswith("test_bed.py")]
+    assert in_bed[-1] == "test_bed.py::test_bed_cli", in_bed  # the CLI's test last
+    assert len(in_bed) == 6
+    assert sum(t.startswith("test_unit.py") for tests in where.values() for t in tests) == 12
+
+
+def test_a_program_a_worker_ran_unregistered_fails_the_whole_run(
+    pytester: pytest.Pytester,
+) -> None:
+    test = (
+        "import subprocess\n"
+        "def test_runs_it():\n"
+        "    try:\n"
+        "        subprocess.run(['no-such-program-in-any-list'])\n"
+        "    except FileNotFoundError:\n"
+        "        pass\n"
+        "def test_other(): pass\n"
+    )
+    result = distributed(pytester, {"test_runs": test}, 2)
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*does not register*", "*no-such-program-in-any-list*"])

@@ -1,0 +1,128 @@
+"""Which tests run where and when, when the suite runs in several worker
+processes (pytest-xdist, as scripts/test runs it: `-n N`).
+
+Tests that share one machine-wide thing run one after another in one worker,
+in a group named for it: those on the libvirt testbed (they boot TCG guests,
+and some kill the testbed's sshd or libvirtd), those on the Kubernetes
+cluster (one of them takes the cluster down and up), and those that build the
+client's wheel once. Every other test may run in any worker, beside them: the
+CPU-bound tests fill the core a booting guest leaves idle. The largest groups
+start first (pytest-xdist's scope scheduling orders work by size).
+
+Within each worker the order is the one a serial run has: the tests of the
+real Pulumi CLI after the others, and those on the cluster last, so that on a
+new machine everything else runs while the background builds finish.
+
+The groups travel from the workers, which know each test's fixtures, to the
+controller, which only sees node ids, through one JSON file per run; a
+scheduler of our own reads it. (pytest-xdist's `loadgroup` renames node ids
+through an attribute pytest 9.2 no longer reads, so it groups nothing.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+from tests.support.kube import KUBE_MARK
+
+CLI_MARK = "pulumi_cli"
+GROUPS_KEY = "egress_proxies_groups"
+
+# Group name -> the fixtures that put a test in it (first match wins).
+GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("testbed", frozenset({"testbed"})),
+    ("client-wheel", frozenset({"client_dist", "client_venv"})),
+)
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The worker group ITEM must run in, or None when any worker will do."""
+    if item.get_closest_marker(KUBE_MARK) is not None:
+        return "kube"  # the cluster's tests, and the mixed stack's testbed use with them
+    names = set(getattr(item, "fixturenames", ()))
+    for group, fixtures in GROUPS:
+        if names & fixtures:
+            return group
+    return None
+
+
+def order_key(item: pytest.Item) -> tuple[bool, bool]:
+    return (
+        item.get_closest_marker(CLI_MARK) is not None,
+        item.get_closest_marker(KUBE_MARK) is not None,
+    )
+
+
+def plan(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Sorts ITEMS (stable); in a worker, writes each grouped test's group
+    where the controller's scheduler reads it."""
+    items.sort(key=order_key)
+    where = getattr(config, "workerinput", {}).get(GROUPS_KEY)
+    if where is None:
+        return
+    groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
+    # Every worker collects the same tests: each writes the same map, whole.
+    fd, temporary = tempfile.mkstemp(dir=Path(where).parent)
+    with os.fdopen(fd, "w") as out:
+        json.dump(groups, out)
+    os.replace(temporary, where)
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """pytest-xdist's scope scheduling with a test's scope its group, if it has one."""
+
+    def __init__(self, config: pytest.Config, log: Any = None, *, groups: Path) -> None:
+        super().__init__(config, log)
+        self._groups_file = groups
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:  # first asked once every worker has collected
+            self._groups = json.loads(self._groups_file.read_text())
+        group = self._groups.get(nodeid)
+        return f"group:{group}" if group is not None else nodeid
+
+
+class Distribution:
+    """The controller's side: a file for the run's groups, handed to each
+    worker, and the scheduler that reads it."""
+
+    def __init__(self) -> None:
+        self._directory = tempfile.TemporaryDirectory(prefix="suite-groups-")
+        self.groups = Path(self._directory.name) / "groups.json"
+
+    @pytest.hookimpl
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[GROUPS_KEY] = str(self.groups)
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> GroupScheduling:
+        return GroupScheduling(config, log, groups=self.groups)
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self) -> None:
+        self._directory.cleanup()
+
+
+def distribute(config: pytest.Config) -> None:
+    """Installs the groups' scheduler in a controller of a `-n N` run."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        config.pluginmanager.register(Distribution(), "egress-proxies-suite-order")
+
+
+__all__ = [
+    "CLI_MARK",
+    "KUBE_MARK",
+    "GroupScheduling",
+    "distribute",
+    "group_of",
+    "order_key",
+    "plan",
+]
