@@ -92,14 +92,14 @@ def serve(fleet: Path, db: str, port: int, cpu: int | None, profile: Path | None
     from discovery import logs
     from discovery.cli import run_server
     from discovery.database import parse_database
-    from discovery.service import make_service
+    from discovery.service import Service
     from discovery.settings import Settings
 
     logs.configure()
     settings = Settings(
         listen_host="127.0.0.1", listen_port=port, db=parse_database(db), fleet_files=(fleet,)
     )
-    service = make_service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
+    service = Service(settings, health_factory=lambda _listener, _registry: _AlwaysHealthy())
     service.open()
     if profile is None:
         return run_server(service)
@@ -127,19 +127,15 @@ def book_only(
     from discovery.fleet import FleetSource
     from discovery.metrics import Metrics
     from discovery.selection import Selector
-    from discovery.sqlite.book import SqliteBook
-    from discovery.sqlite.store import SqliteStore
+    from discovery.sqlite.backend import SqliteBackend
 
     async def run() -> dict[str, Any]:
-        store = SqliteStore(db)
-        state = store.open()
-        book = SqliteBook(
-            store=store,
-            health=_AlwaysHealthy(),
-            metrics=Metrics(CollectorRegistry()),
-            terms=Terms(max_ttl=300, cooldown=600, probe_interval=10),
+        # The service's own wiring of the book and its store, without the service.
+        backend = SqliteBackend(db, Terms(max_ttl=300, cooldown=600, probe_interval=10))
+        backend.open()
+        book = await backend.start(
+            FleetSource(path=fleet).load(), _AlwaysHealthy(), Metrics(CollectorRegistry())
         )
-        await book.restore(state, FleetSource(path=fleet).load())
         anywhere = Selector()
         pair_ms: list[float] = []
         start = time.perf_counter()
@@ -162,7 +158,7 @@ def book_only(
         await asyncio.gather(*(client() for _ in range(clients)))
         await sampler
         after = resource.getrusage(resource.RUSAGE_SELF)
-        store.close()
+        await backend.stop()
         cpu_s = (after.ru_utime - usage[0].ru_utime) + (after.ru_stime - usage[0].ru_stime)
         return {"pairs": len(pair_ms), "pair_ms": pair_ms, "cpu": cpu_s / seconds}
 

@@ -302,9 +302,9 @@ def _database(value: str) -> Database:
 
 
 def serve(settings: Settings) -> int:
-    from discovery.service import make_service
+    from discovery.service import Service
 
-    service = make_service(settings)
+    service = Service(settings)  # its store as `--db` says (make_backend)
     try:
         service.open()
     except (StoreError, FleetError) as exc:

@@ -334,9 +334,4 @@ class Service:
         )
 
 
-def make_service(settings: Settings, **options: Any) -> Service:
-    """The service for `--db`: one process on SQLite, or a replica on PostgreSQL."""
-    return Service(settings, **options)
-
-
-__all__ = ["MAINTENANCE_INTERVAL_S", "Service", "engine_factory", "make_backend", "make_service"]
+__all__ = ["MAINTENANCE_INTERVAL_S", "Service", "engine_factory", "make_backend"]

@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from discovery.book.rules import Terms
 from discovery.fleet import Fleet, FleetProxy
 from discovery.health_source import HealthSource
 from discovery.metrics import Metrics, StateSnapshot
@@ -56,7 +55,8 @@ class FleetChange:
 
 
 class LeaseBook(Protocol):
-    terms: Terms
+    """Both implementations split the same way: the book decides (with the
+    rules of discovery/book/rules.py) and its store only reads and writes."""
 
     # -- the API's operations: on leases of proxies in this service's fleet only --------
 

@@ -1,6 +1,14 @@
-"""The lease rules both stores apply, each written once: the TTL's bounds,
-the cooldown scopes and their cap, the report caps, the lease-id scheme, the
-fleet diff and the refusal (409) with its Retry-After."""
+"""The lease rules both stores apply, each written once as a pure function
+or value: the TTL's bounds (a grant's and a renewal's), what a report does,
+the cooldown scopes and their cap, which proxies a grant may take
+(eligibility), the report caps, the lease-id scheme, the fleet diff and the
+refusal (409) with its Retry-After.
+
+The books (discovery/sqlite/book.py, discovery/postgres/book.py) call these
+and hand their results to their stores as plain values: no store computes a
+rule of its own. The one exception is where the database must filter (a
+grant's pick among thousands of rows): there the PostgreSQL store's SQL
+applies `Eligibility`, whose fields it receives as parameters."""
 
 from __future__ import annotations
 
@@ -13,6 +21,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from discovery.book.errors import NoProxyAvailable
+from discovery.fleet import FleetProxy
+from discovery.selection import Selector
 from discovery.targets import EVERYWHERE
 
 # A proxy cools down for at most this many distinct targets at once; one
@@ -37,21 +47,63 @@ class Terms:
     probe_interval: float  # the earliest news of an unhealthy proxy (Retry-After)
 
 
+# -- lifetimes -----------------------------------------------------------------------------
+
+
 def cap_ttl(requested: float | None, max_ttl: float) -> float:
-    """A lease's lifetime: the maximum when none is asked for, never more."""
+    """A granted lease's lifetime: the maximum when none is asked for, never more."""
     return max_ttl if requested is None else min(requested, max_ttl)
 
 
-def cooldown_scopes(host: str | None) -> list[str]:
-    """The cooldown targets that keep a proxy from `host`."""
-    return [EVERYWHERE, host] if host else [EVERYWHERE]
+def renewal_ttl(requested: float | None, own: float, max_ttl: float) -> float:
+    """A renewed lease's lifetime: the one asked for, else the lease's own,
+    never more than the maximum (which may have been lowered since the grant:
+    a restart with a smaller --max-lease-ttl, or another replica's)."""
+    return min(own if requested is None else requested, max_ttl)
 
 
-def cooling_until(scopes: Mapping[str, float], host: str | None, now: float) -> float | None:
-    """When the cooldown among one proxy's `scopes` (target -> until) that
-    keeps it from `host` ends; None when none does."""
-    until = max((scopes.get(scope, 0.0) for scope in cooldown_scopes(host)), default=0.0)
+# -- cooldowns and reports -----------------------------------------------------------------
+
+
+def cooldown_scopes(host: str | None) -> tuple[str, ...]:
+    """The cooldown targets that keep a proxy from `host`: every target's,
+    and the host's own when there is one."""
+    return (EVERYWHERE, host) if host else (EVERYWHERE,)
+
+
+def cooling_until(
+    cooldowns: Mapping[str, float], scopes: Sequence[str], now: float
+) -> float | None:
+    """When the latest of one proxy's `cooldowns` (target -> until) under
+    `scopes` ends, if it has not by `now`; None when none keeps it away."""
+    until = max((cooldowns.get(scope, 0.0) for scope in scopes), default=0.0)
     return until if until > now else None
+
+
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    target: str  # a host name, or EVERYWHERE
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReportEffect:
+    """What one report does beyond being recorded."""
+
+    cooldown: Cooldown | None  # to be merged into the proxy's (merge_cooldown)
+    error: str | None  # a failed probe to count against the proxy's health
+
+
+def report_effect(outcome: str, host: str | None, cooldown: float, now: float) -> ReportEffect:
+    """`blocked` keeps the proxy away from `host` (from every target when it
+    names none) for `cooldown` seconds from `now` (no cooldown when that is 0);
+    `error` counts as one failed probe, saying where; `ok` does nothing more."""
+    if outcome == "blocked" and cooldown > 0:
+        return ReportEffect(Cooldown(host or EVERYWHERE, now + cooldown), None)
+    if outcome == "error":
+        where = f" for {host}" if host else ""
+        return ReportEffect(None, f"a crawler reported an error{where}")
+    return ReportEffect(None, None)
 
 
 def merge_cooldown(scopes: dict[str, float], target: str, until: float, now: float) -> str:
@@ -62,8 +114,11 @@ def merge_cooldown(scopes: dict[str, float], target: str, until: float, now: flo
 
     Widening rather than dropping a target: a proxy blocked by that many
     sites is burnt for most of them, and every cooldown it had is kept (none
-    ends early). Both stores apply it: the SQLite book to its memory (and its
-    store the same in SQL), the PostgreSQL store in SQL.
+    ends early). Both stores apply it in Python to the cooldowns they hold:
+    the SQLite book to its memory once a report is committed and the SQLite
+    store to its table as it commits (the same order, so the same result);
+    the PostgreSQL book to the rows it read in the report's transaction,
+    writing back the one cooldown that results.
     """
     scopes[target] = max(scopes.get(target, 0.0), until)
     if target == EVERYWHERE:
@@ -75,6 +130,54 @@ def merge_cooldown(scopes: dict[str, float], target: str, until: float, now: flo
     scopes.clear()
     scopes[EVERYWHERE] = widest
     return EVERYWHERE
+
+
+# -- eligibility ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Where one proxy of the fleet stands for a grant: what eligibility and a
+    refusal (409) are judged on."""
+
+    name: str
+    healthy: bool  # the health engine's verdict is `healthy`
+    leased_until: float | None  # the end of the lease it is held by, if any
+    cooling_until: float | None  # the end of its cooldown under the grant's scopes, if live
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """What one grant asks of a proxy: that `selector` matches it and that no
+    cooldown under `scopes` keeps it away (besides being healthy and free)."""
+
+    selector: Selector
+    scopes: tuple[str, ...]  # cooldown_scopes(the grant's host)
+
+
+def eligibility(selector: Selector, host: str | None) -> Eligibility:
+    return Eligibility(selector, cooldown_scopes(host))
+
+
+def available(candidate: Candidate) -> bool:
+    """Healthy and held by no lease: the half of eligibility no grant changes
+    (what the SQLite book's free pool holds)."""
+    return candidate.healthy and candidate.leased_until is None
+
+
+def eligible(wanted: Eligibility, proxy: FleetProxy, candidate: Candidate) -> bool:
+    """Whether a grant asking `wanted` may take `proxy`: available, matched
+    by the selector, cooling down for none of the scopes. The SQLite book asks
+    it of each proxy of its free pool in order; the PostgreSQL store's GRANT
+    statement says the same in SQL, over `wanted`'s fields."""
+    return (
+        available(candidate)
+        and candidate.cooling_until is None
+        and (wanted.selector.empty or wanted.selector.matches(proxy))
+    )
+
+
+# -- ids and fleets ------------------------------------------------------------------------
 
 
 class LeaseIds:
@@ -123,21 +226,15 @@ def round_latency(ms: float | None) -> float | None:
     return round(ms, 3) if ms is not None else None
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A proxy matching a selector, as a refusal (409) explains itself."""
-
-    name: str
-    healthy: bool
-    leased_until: float | None
-    cooling_until: float | None
+# -- refusals ------------------------------------------------------------------------------
 
 
 def refusal(
     candidates: Sequence[Candidate], host: str | None, now: float, probe_interval: float
 ) -> NoProxyAvailable:
-    """Why no proxy among those matching the selector can be leased now, and
-    when the first of them may be (Retry-After)."""
+    """Why none of `candidates` (the proxies the selector matches, none of them
+    eligible) can be leased now, and when the first of them may be
+    (Retry-After): a proxy available but cooling down says `cooldown`."""
     leased = cooling = unhealthy = free_but_cooling = 0
     soonest = math.inf
     for candidate in candidates:
@@ -152,7 +249,7 @@ def refusal(
             unhealthy += 1
             # Unknown until probed again; the next probe is the earliest chance.
             free_at = max(free_at, now + probe_interval)
-        elif candidate.leased_until is None:
+        if available(candidate):
             free_but_cooling += 1
         soonest = min(soonest, free_at)
     matching = len(candidates)
@@ -182,15 +279,23 @@ __all__ = [
     "REPORTS_KEPT",
     "REPORT_RETENTION_S",
     "Candidate",
+    "Cooldown",
+    "Eligibility",
     "FleetDiff",
     "LeaseIds",
+    "ReportEffect",
     "Terms",
+    "available",
     "cap_ttl",
     "cooldown_scopes",
     "cooling_until",
+    "eligibility",
+    "eligible",
     "fleet_diff",
     "is_lease_id",
     "merge_cooldown",
     "refusal",
+    "renewal_ttl",
+    "report_effect",
     "round_latency",
 ]

@@ -1,6 +1,10 @@
 """A replica on the shared PostgreSQL store in the running service: the
 schema is migrated before the server starts; the database holds leases,
-cooldowns and health; one replica probes (leadership.py)."""
+cooldowns and health; one replica probes (leadership.py).
+
+The wiring production runs and the tests run alike: a test gives a clock
+(the store's time is the database's otherwise) and drives the leader's
+step itself (`leadership`)."""
 
 from __future__ import annotations
 
@@ -21,14 +25,16 @@ from discovery.postgres.store import PostgresStore
 class PostgresBackend:
     expiry_tick = 1.0  # grants ignore expired leases; the sweep only tidies up
 
-    def __init__(self, database: PostgresUrl, terms: Terms) -> None:
+    def __init__(
+        self, database: PostgresUrl, terms: Terms, clock: Callable[[], float] | None = None
+    ) -> None:
         self._terms = terms
-        self.store = PostgresStore(database)
-        self._leadership: Leadership | None = None
+        self.store = PostgresStore(database, clock=clock)
+        self.leadership: Leadership | None = None  # from start() on
 
     @property
     def leading(self) -> bool:
-        return self._leadership is not None and self._leadership.leading
+        return self.leadership is not None and self.leadership.leading
 
     def describe(self) -> str:
         return f"postgresql {self.store.database.shown}"
@@ -41,12 +47,12 @@ class PostgresBackend:
         book = PostgresBook(store=self.store, health=health, metrics=metrics, terms=self._terms)
         await book.restore(fleet)
         # The health engine probes only while this replica leads.
-        self._leadership = Leadership(self.store, health, probe_interval=self._terms.probe_interval)
+        self.leadership = Leadership(self.store, health, probe_interval=self._terms.probe_interval)
         return book
 
     def loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
-        assert self._leadership is not None
-        return {"leadership": self._leadership.run}
+        assert self.leadership is not None
+        return {"leadership": self.leadership.run}
 
     def failure(self) -> str | None:
         # The reason names the server (host, user, database): the log has it.

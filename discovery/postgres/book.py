@@ -1,6 +1,13 @@
 """The lease book on PostgreSQL (store.py): any replica can renew, report or
 release a lease another one granted, on a proxy of its own fleet
-(fleets.py), and the refusal (409) is computed from the database's view."""
+(fleets.py), and the refusal (409) is computed from the database's view.
+
+As on SQLite, the book decides and the store reads and writes: a grant's
+lifetime and eligibility, a renewal's TTL, a report's effect and how its
+cooldown merges with the proxy's, whether a proxy cools down for a site and
+why a grant is refused are the rules of discovery/book/rules.py, applied
+here to what the store read, inside the store's transaction where the
+decision must see the database unchanged until it is written."""
 
 from __future__ import annotations
 
@@ -14,13 +21,19 @@ from discovery.book.rules import (
     REPORT_RETENTION_S,
     REPORTS_KEPT,
     Candidate,
+    Cooldown,
     LeaseIds,
     Terms,
     cap_ttl,
     cooldown_scopes,
+    cooling_until,
+    eligibility,
     fleet_diff,
     is_lease_id,
+    merge_cooldown,
     refusal,
+    renewal_ttl,
+    report_effect,
 )
 from discovery.book.views import ProxyDetail, proxy_json, taking_turns
 from discovery.fleet import Fleet, FleetProxy
@@ -28,13 +41,17 @@ from discovery.health_source import HealthSource
 from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres import fleets
-from discovery.postgres.store import PostgresStore
+from discovery.postgres.rows import GrantRow
+from discovery.postgres.store import Pick, PostgresStore
 from discovery.selection import Selector
 from health.model import Health
 
 log = logging.getLogger("discovery.shared")
 
 T = TypeVar("T")
+
+# Grants in one transaction before a grant under contention gives up (503).
+GRANT_ATTEMPTS = 8
 
 
 class PostgresBook:
@@ -49,7 +66,7 @@ class PostgresBook:
         self._store = store
         self._health = health
         self._metrics = metrics
-        self.terms = terms
+        self._terms = terms
         self._fleet: dict[str, FleetProxy] = {}
         self._new_id = LeaseIds()
         self._snapshot = StateSnapshot(0, 0, {str(h): 0 for h in Health})
@@ -96,14 +113,21 @@ class PostgresBook:
     async def grant(
         self, holder: str, *, ttl: float | None, selector: Selector, host: str | None
     ) -> Lease:
-        lifetime = cap_ttl(ttl, self.terms.max_ttl)
-        row = await self._call(self._store.grant(self._new_id(), holder, lifetime, host, selector))
+        wanted = eligibility(selector, host)
+        pick = Pick(self._new_id(), holder, host, cap_ttl(ttl, self._terms.max_ttl), wanted)
+        row = await self._call(self._take(pick))
         if row is None:
-            now, rows = await self._call(self._store.candidates(selector, host))
+            now, rows = await self._call(self._store.candidates(wanted))
             candidates = [
-                Candidate(r.name, r.healthy, r.leased_until, r.cooling_until) for r in rows
+                Candidate(
+                    r.name,
+                    r.health == Health.HEALTHY,
+                    r.leased_until,
+                    cooling_until(r.cooldowns, wanted.scopes, now),
+                )
+                for r in rows
             ]
-            denial = refusal(candidates, host, now, self.terms.probe_interval)
+            denial = refusal(candidates, host, now, self._terms.probe_interval)
             self._metrics.denied.labels(denial.reason).inc()
             raise denial
         if row.replaced:  # the proxy's expired lease ended here, not in a sweep
@@ -112,30 +136,80 @@ class PostgresBook:
         event(log, logging.DEBUG, "lease granted", lease=row.id, proxy=row.proxy, holder=holder)
         return self._lease(row)
 
+    async def _take(self, pick: Pick) -> GrantRow | None:
+        """The lease `pick` asks for; None when no proxy is eligible."""
+        async with self._store.statements() as db:  # the usual case: one round trip
+            row = await db.grant(pick)
+        if row is not None:
+            return row
+        async with self._store.transaction() as db:
+            for _ in range(GRANT_ATTEMPTS):
+                row = await db.grant(pick)
+                if row is not None:
+                    return row
+                # Nothing picked: every eligible proxy was being taken by other
+                # grants (skipped), or there is none. One that is free and no
+                # longer held by another grant is locked for this one now, and
+                # the next pick (a new snapshot) takes it or a better one.
+                if not await db.lock_one_free(pick):
+                    return None
+        raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
+
     async def renew(self, lease_id: str, *, ttl: float | None) -> Lease:
         self._known(lease_id)
-        lifetime = cap_ttl(ttl, self.terms.max_ttl) if ttl is not None else None
-        row = await self._call(self._store.renew(lease_id, lifetime, self.terms.max_ttl))
+        row = await self._call(self._renew(lease_id, ttl))
         if row is None:
             raise LeaseNotFound(lease_id)
         return self._lease(row)
 
+    async def _renew(self, lease_id: str, ttl: float | None) -> LeaseRecord | None:
+        async with self._store.transaction() as db:
+            lease = await db.live_lease(lease_id)
+            if lease is None:
+                return None
+            return await db.renew(lease_id, renewal_ttl(ttl, lease.ttl, self._terms.max_ttl))
+
     async def report(self, lease_id: str, outcome: Outcome, *, host: str | None) -> None:
         self._known(lease_id)
-        found = await self._call(self._store.report(lease_id, outcome, host, self.terms.cooldown))
+        found = await self._call(self._report(lease_id, outcome, host))
         if found is None:
             raise LeaseNotFound(lease_id)
-        lease, scope, until = found
-        if until is not None:
+        proxy, cooldown = found
+        if cooldown is not None:
             event(
                 log,
                 logging.INFO,
                 "proxy cooling down",
-                proxy=lease.proxy,
-                target=scope,
-                until=until,
+                proxy=proxy,
+                target=cooldown.target,
+                until=cooldown.until,
             )
         self._metrics.reports.labels(outcome).inc()
+
+    async def _report(
+        self, lease_id: str, outcome: Outcome, host: str | None
+    ) -> tuple[str, Cooldown | None] | None:
+        """Records a report on a live lease of this fleet with its effect, in
+        one transaction; the proxy and the cooldown it is under now, if the
+        report started one. None: no such lease."""
+        async with self._store.transaction() as db:
+            lease = await db.live_lease(lease_id)  # locked: reports on it take turns
+            if lease is None:
+                return None
+            effect = report_effect(outcome, host, self._terms.cooldown, lease.now)
+            await db.add_report(lease, outcome, host)
+            merged = None
+            if effect.cooldown is not None:
+                scopes = await db.cooldowns_of(lease.proxy)
+                wanted = effect.cooldown.target
+                target = merge_cooldown(scopes, wanted, effect.cooldown.until, lease.now)
+                if target != wanted:  # widened: one cooldown everywhere instead
+                    await db.drop_cooldowns(lease.proxy)
+                merged = Cooldown(target, scopes[target])
+                await db.put_cooldown(lease.proxy, merged.target, merged.until)
+            if effect.error is not None:
+                await db.add_error(lease.proxy, effect.error)  # the leader's prober counts it
+            return lease.proxy, merged
 
     async def release(self, lease_id: str) -> None:
         self._known(lease_id)
@@ -147,10 +221,10 @@ class PostgresBook:
 
     async def cooling(self, lease_id: str, host: str) -> bool:
         self._known(lease_id)
-        found = await self._call(self._store.cooling(lease_id, cooldown_scopes(host)))
+        found = await self._call(self._store.lease_cooldowns(lease_id))
         if found is None:
             raise LeaseNotFound(lease_id)
-        return found
+        return cooling_until(found.scopes, cooldown_scopes(host), found.now) is not None
 
     async def expire_due(self) -> int:
         ended = await self._call(self._store.expire())
@@ -225,4 +299,4 @@ class PostgresBook:
             raise StoreUnavailable("the lease store is unavailable; try again") from None
 
 
-__all__ = ["PostgresBook"]
+__all__ = ["GRANT_ATTEMPTS", "PostgresBook"]

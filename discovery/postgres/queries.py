@@ -3,7 +3,13 @@
 Time: `{NOW}` is the store's clock, the database's `now()` unless a clock
 was given (tests: the same fake clock the SQLite book gets). Fleet: every
 statement on a lease or a proxy names this replica's fleet (`%(fleet)s`, a
-digest; fleet.py), so a replica never acts on a proxy its fleet lacks."""
+digest; fleet.py), so a replica never acts on a proxy its fleet lacks.
+
+Rules are the book's (discovery/book/rules.py): statements take what it
+decided (a TTL, a cooldown's target and end) as parameters and read what it
+decides on. ELIGIBLE is the one place SQL applies a rule, since the grant's
+pick must filter in the database: rules.eligible over the fields of
+rules.Eligibility, which come as parameters."""
 
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ SELECTED = f"""{MINE}
       AND (%(provider)s::text IS NULL OR p.provider = %(provider)s)
       AND (%(zone)s::text IS NULL OR p.zone = %(zone)s)
       AND p.labels @> %(labels)s::jsonb"""
-# ...and could be granted now.
+# ...and could be granted now: rules.eligible (healthy, no live lease, no
+# live cooldown under the grant's scopes, the selector matching).
 ELIGIBLE = f"""p.health = 'healthy' AND {SELECTED}
       AND (p.lease_expires IS NULL OR p.lease_expires <= {NOW})
       AND NOT EXISTS (SELECT 1 FROM discovery_cooldowns c
@@ -60,13 +67,17 @@ GRANT = f"""WITH picked AS (
 ONE_FREE = f"""SELECT p.name FROM discovery_proxies p WHERE {ELIGIBLE}
     LIMIT 1 FOR UPDATE OF p SKIP LOCKED"""
 
-# Renew and release, each one statement: the lease row and its proxy's
-# lease_expires change together, and only on a live lease of this fleet.
+# A live lease of this fleet, locked (changes to one lease, and so reports on
+# one proxy, take turns), with the store's time for the book's decision.
+LIVE_LEASE = f"""SELECT {LEASE_COLUMNS}, {EPOCH.format(NOW)} AS now FROM discovery_leases l
+    WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE} FOR UPDATE"""
+
+# Renew (with the TTL the book decided) and release, each one statement: the
+# lease row and its proxy's lease_expires change together, and only on a
+# live lease of this fleet.
 RENEW = f"""WITH renewed AS (
         UPDATE discovery_leases l
-        SET ttl = COALESCE(%(ttl)s::float8, LEAST(l.ttl, %(max_ttl)s)),
-            expires_at = {NOW} + make_interval(
-                secs => COALESCE(%(ttl)s::float8, LEAST(l.ttl, %(max_ttl)s)))
+        SET ttl = %(ttl)s, expires_at = {NOW} + make_interval(secs => %(ttl)s)
         WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}
         RETURNING l.*),
     marked AS (
@@ -82,14 +93,17 @@ RELEASE = f"""WITH ended AS (
     FROM ended WHERE p.name = ended.proxy
     RETURNING p.name"""
 
-# A report's lease, locked: reports on one lease (so on one proxy) take
-# turns, so each one's count of the proxy's cooldowns sees the one before.
-REPORTED_LEASE = f"""SELECT {LEASE_COLUMNS} FROM discovery_leases l
-    WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE} FOR UPDATE"""
 
-# Whether a live lease's proxy cools down for any of the scopes (NULL: no such lease).
-LEASE_COOLING = f"""SELECT EXISTS (SELECT 1 FROM discovery_cooldowns c
-        WHERE c.proxy = l.proxy AND c.target = ANY(%(scopes)s) AND c.until > {NOW}) AS cooling
+def cooldowns_of(proxy: str, also: str = "") -> str:
+    """The cooldowns (target -> until, ended ones included) of the proxy named
+    by the SQL `proxy`, as one JSON object, for rules.cooling_until and
+    rules.merge_cooldown; `also`: a further condition on them (`c`)."""
+    return f"""COALESCE((SELECT json_object_agg(c.target, {EPOCH.format("c.until")})
+        FROM discovery_cooldowns c WHERE c.proxy = {proxy}{also}), '{{}}')"""
+
+
+# The store's time and a live lease's proxy's cooldowns (no row: no such lease).
+LEASE_COOLDOWNS = f"""SELECT {EPOCH.format(NOW)} AS now, {cooldowns_of("l.proxy")} AS scopes
     FROM discovery_leases l
     WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}"""
 
@@ -98,12 +112,10 @@ ADD_REPORT = f"""INSERT INTO discovery_reports (at, lease_id, proxy, holder, out
 
 # A proxy's cooldowns and the store's time, for rules.merge_cooldown (a
 # report holds its lease's row lock, so reports on one proxy take turns).
-COOLDOWNS_OF = f"""SELECT {EPOCH.format(NOW)} AS now,
-        COALESCE((SELECT json_object_agg(target, {EPOCH.format("until")})
-                  FROM discovery_cooldowns WHERE proxy = %(proxy)s), '{{}}') AS scopes"""
+COOLDOWNS_OF = f"""SELECT {EPOCH.format(NOW)} AS now, {cooldowns_of("%(proxy)s")} AS scopes"""
 DROP_COOLDOWNS = "DELETE FROM discovery_cooldowns WHERE proxy = %(proxy)s"
 PUT_COOLDOWN = """INSERT INTO discovery_cooldowns (proxy, target, until)
-    VALUES (%(proxy)s, %(scope)s, to_timestamp(%(until)s))
+    VALUES (%(proxy)s, %(target)s, to_timestamp(%(until)s))
     ON CONFLICT (proxy, target) DO UPDATE SET until = excluded.until"""
 
 # Each `error` counts: the prober takes them all (TAKE_ERRORS), not the last.
@@ -129,12 +141,10 @@ PRUNE = (
 
 CLOCK = f"SELECT {EPOCH.format(NOW)} AS now"
 
-# The state of each proxy of this fleet the selector matches, for a 409.
-CANDIDATES = f"""SELECT p.name, p.health = 'healthy' AS healthy,
-        {EPOCH.format("l.expires_at")} AS leased_until,
-        (SELECT {EPOCH.format("max(c.until)")} FROM discovery_cooldowns c
-          WHERE c.proxy = p.name AND c.target = ANY(%(scopes)s)
-            AND c.until > {NOW}) AS cooling_until
+# Each proxy of this fleet the selector matches, with its live lease's end
+# and its cooldowns under the grant's scopes, for the book's refusal (409).
+CANDIDATES = f"""SELECT p.name, p.health, {EPOCH.format("l.expires_at")} AS leased_until,
+        {cooldowns_of("p.name", " AND c.target = ANY(%(scopes)s)")} AS cooldowns
     FROM discovery_proxies p
     LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > {NOW}
     WHERE {SELECTED}"""

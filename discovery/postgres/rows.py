@@ -13,6 +13,11 @@ class GrantRow(LeaseRecord):
 
 
 @dataclass(frozen=True)
+class LiveLease(LeaseRecord):
+    now: float  # the store's time, for the book's decision on it
+
+
+@dataclass(frozen=True)
 class ProxyRow:
     name: str
     health: str
@@ -33,9 +38,9 @@ class CooldownRow:
 @dataclass(frozen=True)
 class CandidateRow:
     name: str
-    healthy: bool
-    leased_until: float | None
-    cooling_until: float | None
+    health: str
+    leased_until: float | None  # the live lease's end
+    cooldowns: dict[str, float]  # target -> until, under the grant's scopes
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ __all__ = [
     "GrantRow",
     "HealthCount",
     "HealthView",
+    "LiveLease",
     "Now",
     "ProxyRow",
     "Scopes",

@@ -6,6 +6,12 @@ release is one transaction, so any replica can serve any lease. Time is the
 database's (`now()`), never a replica's clock, unless a clock is given
 (tests drive both stores with one fake clock).
 
+The store reads and writes; the book (book.py) decides, with the rules of
+discovery/book/rules.py. Where a decision needs what the database holds
+(a report's cooldown merged into the proxy's, a renewal of the lease's own
+TTL, a grant retried under contention), the book opens a transaction here
+and runs the store's statements on it (`Db`) around its decision.
+
 Exclusivity: a grant locks the proxy's row it picks (`FOR UPDATE SKIP
 LOCKED`: concurrent grants on other replicas skip it and take another) and
 the lease table's `UNIQUE (proxy)` backs that up.
@@ -20,6 +26,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -29,7 +36,7 @@ from psycopg.rows import class_row, tuple_row
 
 from discovery.book.contract import LeaseRecord
 from discovery.book.errors import StoreError
-from discovery.book.rules import EVERYWHERE, cooldown_scopes, merge_cooldown
+from discovery.book.rules import Eligibility
 from discovery.database import PostgresUrl
 from discovery.logs import event
 from discovery.postgres import queries as q
@@ -40,17 +47,16 @@ from discovery.postgres.rows import (
     GrantRow,
     HealthCount,
     HealthView,
+    LiveLease,
     Now,
     ProxyRow,
     Scopes,
 )
 from discovery.postgres.schema import SCHEMA_VERSION, migrate
-from discovery.selection import Selector
 
 log = logging.getLogger("discovery.pgstore")
 
 R = TypeVar("R")
-GRANT_ATTEMPTS = 8
 # A health flush that changes this many proxies' health (a new prober's first)
 # refreshes the statistics: grants are planned on `health`.
 ANALYZE_AFTER = 100
@@ -154,82 +160,25 @@ class PostgresStore:
             await cur.execute(sql, params)
             return await cur.fetchall()
 
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Db]:
+        """The store's statements on one connection, in one transaction."""
+        async with self.connection(transaction=True) as conn:
+            yield Db(self, conn)
+
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Db]:
+        """The store's statements on one connection, each its own transaction."""
+        async with self.connection(transaction=False) as conn:
+            yield Db(self, conn)
+
     # -- leases ----------------------------------------------------------------------------
 
-    async def grant(
-        self, lease_id: str, holder: str, ttl: float, host: str | None, selector: Selector
-    ) -> GrantRow | None:
-        """Leases the least recently used eligible proxy the selector matches;
-        None when none is eligible right now."""
-        params = self.params(id=lease_id, holder=holder, target=host, ttl=ttl)
-        params |= _selector_params(selector, host)
-        async with self.connection(transaction=False) as conn:  # the usual case: one round trip
-            row = await self.one(conn, GrantRow, q.GRANT, params)
-            if row is not None:
-                return row
-        async with self.connection(transaction=True) as conn:
-            for _ in range(GRANT_ATTEMPTS):
-                row = await self.one(conn, GrantRow, q.GRANT, params)
-                if row is not None:
-                    return row
-                # Nothing picked: every eligible proxy was being taken by other
-                # grants (skipped), or there is none. One that is free and no
-                # longer held by another grant is locked for this one now, and
-                # the next pick (a new snapshot) takes it or a better one.
-                if await (await conn.execute(q.ONE_FREE, params)).fetchone() is None:
-                    return None
-        raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
-
-    async def renew(self, lease_id: str, ttl: float | None, max_ttl: float) -> LeaseRecord | None:
+    async def lease_cooldowns(self, lease_id: str) -> Scopes | None:
+        """The cooldowns of a live lease's proxy (ended ones included) and the
+        store's time; None: no such lease."""
         async with self.connection(transaction=False) as conn:
-            return await self.one(
-                conn, LeaseRecord, q.RENEW, self.params(id=lease_id, ttl=ttl, max_ttl=max_ttl)
-            )
-
-    async def report(
-        self, lease_id: str, outcome: str, host: str | None, cooldown: float
-    ) -> tuple[LeaseRecord, str, float | None] | None:
-        """Records a report on a live lease of this fleet: `blocked` starts a
-        cooldown (for `host`, else everywhere; capped as rules.merge_cooldown
-        says) and returns the target it ended up under and when it ends; each
-        `error` is counted for the prober. None: no such lease."""
-        async with self.connection(transaction=True) as conn:
-            lease = await self.one(conn, LeaseRecord, q.REPORTED_LEASE, self.params(id=lease_id))
-            if lease is None:
-                return None
-            on = self.params(id=lease.id, proxy=lease.proxy, holder=lease.holder, target=host)
-            await conn.execute(q.ADD_REPORT, on | {"outcome": outcome})
-            until = None
-            scope = host or EVERYWHERE
-            if outcome == "blocked" and cooldown > 0:
-                scope, until = await self._cool_down(conn, on, scope, cooldown)
-            elif outcome == "error":
-                where = f" for {host}" if host else ""
-                await conn.execute(
-                    q.ADD_ERROR, on | {"error": f"a crawler reported an error{where}"}
-                )
-            return lease, scope, until
-
-    async def cooling(self, lease_id: str, scopes: list[str]) -> bool | None:
-        """Whether a live lease's proxy cools down for any of `scopes`; None: no such lease."""
-        async with self.connection(transaction=False) as conn:
-            cur = await conn.execute(q.LEASE_COOLING, self.params(id=lease_id, scopes=scopes))
-            row = await cur.fetchone()
-            return bool(row[0]) if row else None
-
-    async def _cool_down(
-        self, conn: psycopg.AsyncConnection[Any], on: dict[str, Any], target: str, cooldown: float
-    ) -> tuple[str, float]:
-        """rules.merge_cooldown on the proxy's stored cooldowns: the target the
-        cooldown ended up under, and when it ends."""
-        held = await self.one(conn, Scopes, q.COOLDOWNS_OF, on)
-        assert held is not None  # one row, always
-        scopes = dict(held.scopes)
-        scope = merge_cooldown(scopes, target, held.now + cooldown, held.now)
-        if scope != target:  # widened: one cooldown everywhere instead
-            await conn.execute(q.DROP_COOLDOWNS, on)
-        await conn.execute(q.PUT_COOLDOWN, on | {"scope": scope, "until": scopes[scope]})
-        return scope, scopes[scope]
+            return await self.one(conn, Scopes, q.LEASE_COOLDOWNS, self.params(id=lease_id))
 
     async def release(self, lease_id: str) -> str | None:
         """Ends a live lease of this fleet; its proxy's name, or None when there was none."""
@@ -256,12 +205,10 @@ class PostgresStore:
 
     # -- views -----------------------------------------------------------------------------
 
-    async def candidates(
-        self, selector: Selector, host: str | None
-    ) -> tuple[float, list[CandidateRow]]:
+    async def candidates(self, wanted: Eligibility) -> tuple[float, list[CandidateRow]]:
         """The store's time and the state of each proxy of this fleet the
-        selector matches, for a 409."""
-        params = self.params() | _selector_params(selector, host)
+        selector matches, with its cooldowns under the scopes, for a 409."""
+        params = self.params() | _eligibility_params(wanted)
         async with self.connection(transaction=True) as conn:
             now = await self.one(conn, Now, q.CLOCK, params)
             rows = await self.all(conn, CandidateRow, q.CANDIDATES, params)
@@ -310,13 +257,88 @@ class PostgresStore:
             return await self.all(conn, ErrorRow, q.TAKE_ERRORS, {})
 
 
-def _selector_params(selector: Selector, host: str | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Pick:
+    """A grant as the GRANT statement takes it: the lease to make, and which
+    proxies it may take (decided by the book)."""
+
+    lease_id: str
+    holder: str
+    target: str | None
+    ttl: float
+    wanted: Eligibility
+
+
+class Db:
+    """The store's statements on one connection (PostgresStore.transaction
+    or .statements), for the book to run around its decisions."""
+
+    def __init__(self, store: PostgresStore, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._store = store
+        self._conn = conn
+
+    async def grant(self, pick: Pick) -> GrantRow | None:
+        """Leases the least recently used eligible proxy, in one statement;
+        None when none is eligible or every eligible one is being taken by
+        another grant (skipped, not waited for)."""
+        return await self._store.one(self._conn, GrantRow, q.GRANT, _pick_params(self._store, pick))
+
+    async def lock_one_free(self, pick: Pick) -> bool:
+        """Locks one eligible proxy no other grant holds, for this
+        transaction; False when there is none."""
+        cur = await self._conn.execute(q.ONE_FREE, _pick_params(self._store, pick))
+        return await cur.fetchone() is not None
+
+    async def live_lease(self, lease_id: str) -> LiveLease | None:
+        """A live lease of this fleet, locked until the transaction ends (so
+        changes to one lease, and reports on its proxy, take turns), with the
+        store's time."""
+        params = self._store.params(id=lease_id)
+        return await self._store.one(self._conn, LiveLease, q.LIVE_LEASE, params)
+
+    async def renew(self, lease_id: str, ttl: float) -> LeaseRecord | None:
+        """Sets a live lease's TTL to `ttl` and its end to now + `ttl`."""
+        params = self._store.params(id=lease_id, ttl=ttl)
+        return await self._store.one(self._conn, LeaseRecord, q.RENEW, params)
+
+    async def add_report(self, lease: LeaseRecord, outcome: str, target: str | None) -> None:
+        params = self._store.params(
+            id=lease.id, proxy=lease.proxy, holder=lease.holder, outcome=outcome, target=target
+        )
+        await self._conn.execute(q.ADD_REPORT, params)
+
+    async def cooldowns_of(self, proxy: str) -> dict[str, float]:
+        """A proxy's cooldowns (target -> until), ended ones included."""
+        held = await self._store.one(
+            self._conn, Scopes, q.COOLDOWNS_OF, self._store.params(proxy=proxy)
+        )
+        assert held is not None  # one row, always
+        return dict(held.scopes)
+
+    async def drop_cooldowns(self, proxy: str) -> None:
+        await self._conn.execute(q.DROP_COOLDOWNS, {"proxy": proxy})
+
+    async def put_cooldown(self, proxy: str, target: str, until: float) -> None:
+        await self._conn.execute(q.PUT_COOLDOWN, {"proxy": proxy, "target": target, "until": until})
+
+    async def add_error(self, proxy: str, error: str) -> None:
+        """Counts one failed probe for the prober (each one: TAKE_ERRORS)."""
+        await self._conn.execute(q.ADD_ERROR, {"proxy": proxy, "error": error})
+
+
+def _eligibility_params(wanted: Eligibility) -> dict[str, Any]:
+    selector = wanted.selector
     return {
         "provider": selector.provider,
         "zone": selector.zone,
         "labels": json.dumps(dict(selector.labels or {})),
-        "scopes": cooldown_scopes(host),
+        "scopes": list(wanted.scopes),
     }
+
+
+def _pick_params(store: PostgresStore, pick: Pick) -> dict[str, Any]:
+    params = store.params(id=pick.lease_id, holder=pick.holder, target=pick.target, ttl=pick.ttl)
+    return params | _eligibility_params(pick.wanted)
 
 
 def _array_literal(values: Sequence[float | None]) -> str:
@@ -329,4 +351,4 @@ def _reason(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-__all__ = ["PostgresStore"]
+__all__ = ["Db", "Pick", "PostgresStore"]

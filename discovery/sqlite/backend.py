@@ -1,6 +1,10 @@
 """The SQLite store in the running service: the file is locked and read
 before the server starts; while it fails its writes, a write that changes
-nothing is tried every STORE_PROBE_S so that readiness comes back by itself."""
+nothing is tried every STORE_PROBE_S so that readiness comes back by itself.
+
+The wiring production runs and the tests run alike: a test gives a clock
+and, to fail or hold the book's writes, a hook that stands between the
+book and the store's write (tests/support/lease_world.py)."""
 
 from __future__ import annotations
 
@@ -18,18 +22,29 @@ from discovery.fleet import Fleet
 from discovery.health_source import HealthSource
 from discovery.metrics import Metrics
 from discovery.sqlite.book import SqliteBook
-from discovery.sqlite.ops import StoredState, Touch
+from discovery.sqlite.ops import StoredState, Touch, Write
 from discovery.sqlite.store import SqliteStore
 
 STORE_PROBE_S = 1.0
+
+# Given the store's write, what the book writes through instead.
+WriteHook = Callable[[Write], Write]
 
 
 class SqliteBackend:
     expiry_tick = 0.25  # longest a lease outlives its expiry before it is swept
 
-    def __init__(self, path: Path, terms: Terms, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        path: Path,
+        terms: Terms,
+        clock: Callable[[], float] = time.time,
+        *,
+        write_hook: WriteHook | None = None,
+    ) -> None:
         self._terms = terms
         self._clock = clock
+        self._write_hook = write_hook
         self.store = SqliteStore(path)
         self._state: StoredState | None = None
 
@@ -44,8 +59,11 @@ class SqliteBackend:
         self.open()
         assert self._state is not None
         self.store.on_commit = metrics.on_commit
+        write: Write = self.store.write
+        if self._write_hook is not None:
+            write = self._write_hook(write)
         book = SqliteBook(
-            store=self.store,
+            write=write,
             health=health,
             metrics=metrics,
             terms=self._terms,
@@ -79,4 +97,4 @@ class SqliteBackend:
                     await self.store.write((Touch(),))
 
 
-__all__ = ["SqliteBackend"]
+__all__ = ["STORE_PROBE_S", "SqliteBackend", "WriteHook"]

@@ -36,14 +36,19 @@ from typing import Any
 from discovery.book.contract import FleetChange, Lease, Outcome
 from discovery.book.errors import LeaseNotFound, StoreError, StoreUnavailable
 from discovery.book.rules import (
-    EVERYWHERE,
     REPORT_RETENTION_S,
     LeaseIds,
     Terms,
+    available,
     cap_ttl,
+    cooldown_scopes,
+    eligibility,
+    eligible,
     is_lease_id,
     merge_cooldown,
     refusal,
+    renewal_ttl,
+    report_effect,
 )
 from discovery.book.views import ProxyDetail, proxy_json, taking_turns
 from discovery.fleet import Fleet
@@ -63,8 +68,8 @@ from discovery.sqlite.ops import (
     PutLease,
     ReportRecord,
     StoredState,
+    Write,
 )
-from discovery.sqlite.store import SqliteStore
 from health.model import Health
 
 log = logging.getLogger("discovery.leases")
@@ -78,20 +83,20 @@ class SqliteBook:
     def __init__(
         self,
         *,
-        store: SqliteStore,
+        write: Write,
         health: HealthSource,
         metrics: Metrics,
         terms: Terms,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._store = store
+        self._write = write  # the store's (SqliteStore.write), durable once awaited
         self._health = health
         self._metrics = metrics
-        self.terms = terms
+        self._terms = terms
         self._clock = clock
         self.ledger = Ledger(health)
         self._new_id = LeaseIds()
-        self._departures = Departures(self.ledger, store, metrics, clock, RETRY_S)
+        self._departures = Departures(self.ledger, write, metrics, clock, RETRY_S)
 
     # -- startup and fleet ---------------------------------------------------------------
 
@@ -163,35 +168,40 @@ class SqliteBook:
         if expired:
             await self._end_expired(expired, now)
             now = self._clock()
+        wanted = eligibility(selector, host)
         stale: list[str] = []
 
-        def eligible(name: str) -> bool:
+        def takes(name: str) -> bool:
             proxy = ledger.fleet.get(name)
-            if proxy is None or not ledger.healthy(name):
+            if proxy is None:
                 stale.append(name)
                 return False
-            if not selector.empty and not selector.matches(proxy):
+            candidate = ledger.candidate(name, wanted.scopes, now)
+            if not available(candidate):
+                stale.append(name)  # a missed health event: it does not belong here
                 return False
-            return ledger.cooling_until(name, host, now) is None
+            return eligible(wanted, proxy, candidate)
 
-        name = ledger.pool.pick(eligible)
+        name = ledger.pool.pick(takes)
         for gone in stale:
             ledger.pool.discard(gone)
         if name is None:
-            matching = [n for n, p in ledger.fleet.items() if selector.matches(p)]
-            denial = refusal(
-                ledger.candidates(matching, host, now), host, now, self.terms.probe_interval
-            )
+            candidates = [
+                ledger.candidate(n, wanted.scopes, now)
+                for n, p in ledger.fleet.items()
+                if selector.matches(p)
+            ]
+            denial = refusal(candidates, host, now, self._terms.probe_interval)
             self._metrics.denied.labels(denial.reason).inc()
             raise denial
-        lifetime = cap_ttl(ttl, self.terms.max_ttl)
+        lifetime = cap_ttl(ttl, self._terms.max_ttl)
         lease = HeldLease(
             self._new_id(), ledger.fleet[name], holder, host, lifetime, now, now + lifetime
         )
         lease.committed = False
         ledger.add(lease)  # reserved: no other grant takes the proxy from here on
         try:
-            await self._store.write((PutLease(lease.record()),))
+            await self._write((PutLease(lease.record()),))
         except StoreError:
             ledger.end(lease)  # its proxy is free again, in its place (its last use unchanged)
             raise StoreUnavailable("the lease store could not record the grant") from None
@@ -205,11 +215,11 @@ class SqliteBook:
     async def renew(self, lease_id: str, *, ttl: float | None) -> Lease:
         now = self._clock()
         lease = self._live(lease_id, now)
-        lifetime = cap_ttl(ttl if ttl is not None else lease.ttl, self.terms.max_ttl)
+        lifetime = renewal_ttl(ttl, lease.ttl, self._terms.max_ttl)
         expires_at = now + lifetime
         lease.renewals += 1  # the sweep leaves it alone until this is decided
         try:
-            await self._store.write((PutLease(lease.record(lifetime, expires_at)),))
+            await self._write((PutLease(lease.record(lifetime, expires_at)),))
         except StoreError:
             raise StoreUnavailable("the lease store could not record the renewal") from None
         else:
@@ -224,21 +234,19 @@ class SqliteBook:
         now = self._clock()
         lease = self._live(lease_id, now)
         name = lease.proxy.name
+        effect = report_effect(outcome, host, self._terms.cooldown, now)
         ops: list[Op] = [AddReport(ReportRecord(now, lease.id, name, lease.holder, outcome, host))]
-        cooldown = None
-        if outcome == "blocked" and self.terms.cooldown > 0:
-            cooldown = PutCooldown(
-                CooldownRecord(name, host or EVERYWHERE, now + self.terms.cooldown), now
-            )
-            ops.append(cooldown)
+        if effect.cooldown is not None:
+            # The store merges it into what it holds as it commits (schema.py).
+            cooldown = effect.cooldown
+            ops.append(PutCooldown(CooldownRecord(name, cooldown.target, cooldown.until), now))
         try:
-            await self._store.write(ops)
+            await self._write(ops)
         except StoreError:
             raise StoreUnavailable("the lease store could not record the report") from None
-        if cooldown is not None:
-            record = cooldown.cooldown
+        if effect.cooldown is not None:
             scopes = self.ledger.cooldowns.setdefault(name, {})
-            scope = merge_cooldown(scopes, record.target, record.until, now)
+            scope = merge_cooldown(scopes, effect.cooldown.target, effect.cooldown.until, now)
             event(
                 log,
                 logging.INFO,
@@ -247,9 +255,8 @@ class SqliteBook:
                 target=scope,
                 until=scopes[scope],
             )
-        elif outcome == "error":
-            where = f" for {host}" if host else ""
-            self._health.report_error(name, f"a crawler reported an error{where}")
+        if effect.error is not None:
+            self._health.report_error(name, effect.error)
         self._metrics.reports.labels(outcome).inc()
 
     async def release(self, lease_id: str) -> None:
@@ -257,7 +264,7 @@ class SqliteBook:
         lease = self._live(lease_id, now)
         lease.ending = True
         try:
-            await self._store.write((EndLease(lease.id),))
+            await self._write((EndLease(lease.id),))
         except StoreError:
             lease.ending = False
             self.ledger.schedule(lease.expires_at, lease.id)
@@ -269,7 +276,7 @@ class SqliteBook:
     async def cooling(self, lease_id: str, host: str) -> bool:
         now = self._clock()
         lease = self._live(lease_id, now)
-        return self.ledger.cooling_until(lease.proxy.name, host, now) is not None
+        return self.ledger.cooling_until(lease.proxy.name, cooldown_scopes(host), now) is not None
 
     # -- background work -----------------------------------------------------------------
 
@@ -290,11 +297,11 @@ class SqliteBook:
         await self.repair_pool()
         # A failure is logged by the store; the next round prunes more.
         with contextlib.suppress(StoreError):
-            await self._store.write((Prune(now, now - REPORT_RETENTION_S),))
+            await self._write((Prune(now, now - REPORT_RETENTION_S),))
 
     async def _end_expired(self, leases: list[HeldLease], now: float) -> int:
         try:
-            await self._store.write([EndLease(lease.id) for lease in leases])
+            await self._write([EndLease(lease.id) for lease in leases])
         except StoreError as exc:
             event(log, logging.WARNING, "lease expiry not recorded; retrying", error=str(exc))
             for lease in leases:

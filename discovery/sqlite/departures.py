@@ -15,8 +15,7 @@ from discovery.fleet import Fleet
 from discovery.logs import event
 from discovery.metrics import Metrics
 from discovery.sqlite.ledger import HeldLease, Ledger
-from discovery.sqlite.ops import EndLease, ForgetProxy, Op
-from discovery.sqlite.store import SqliteStore
+from discovery.sqlite.ops import EndLease, ForgetProxy, Op, Write
 
 log = logging.getLogger("discovery.leases")
 
@@ -25,13 +24,13 @@ class Departures:
     def __init__(
         self,
         ledger: Ledger,
-        store: SqliteStore,
+        write: Write,
         metrics: Metrics,
         clock: Callable[[], float],
         retry_s: float,
     ) -> None:
         self._ledger = ledger
-        self._store = store
+        self._write = write
         self._metrics = metrics
         self._clock = clock
         self._retry_s = retry_s
@@ -100,7 +99,7 @@ class Departures:
             ending.append((name, list(orphans), lease, marked))
         self._forgetting.update(names)
         try:
-            await self._store.write(ops)
+            await self._write(ops)
         except StoreError as exc:
             event(log, logging.WARNING, "lease revocation not recorded; retrying", error=str(exc))
             self._forget_at = self._clock() + self._retry_s

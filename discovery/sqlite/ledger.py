@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from discovery.book.contract import Lease
-from discovery.book.rules import Candidate, cooling_until
+from discovery.book.rules import Candidate, available, cooling_until
 from discovery.fleet import FleetProxy
 from discovery.health_source import HealthSource
 from discovery.metrics import StateSnapshot
@@ -64,12 +65,11 @@ class Ledger:
         return self.health.verdict(name) == Health.HEALTHY
 
     def free(self, name: str) -> bool:
-        return (
-            name in self.fleet
-            and name not in self.by_proxy
-            and name not in self.departed
-            and self.healthy(name)
-        )
+        """Whether `name` belongs in the free pool: in the fleet, not departing,
+        and rules.available (healthy, no lease)."""
+        if name not in self.fleet or name in self.departed:
+            return False
+        return available(self.candidate(name, (), 0.0))
 
     def sync_proxy(self, name: str) -> None:
         """Puts `name` in the free pool or takes it out, per the engine's current view."""
@@ -156,23 +156,20 @@ class Ledger:
 
     # -- cooldowns and refusals ----------------------------------------------------------
 
-    def cooling_until(self, name: str, host: str | None, now: float) -> float | None:
-        scopes = self.cooldowns.get(name)
-        return cooling_until(scopes, host, now) if scopes else None
+    def cooling_until(self, name: str, scopes: Sequence[str], now: float) -> float | None:
+        cooldowns = self.cooldowns.get(name)
+        return cooling_until(cooldowns, scopes, now) if cooldowns else None
 
-    def candidates(self, matches: list[str], host: str | None, now: float) -> list[Candidate]:
-        answer = []
-        for name in matches:
-            lease = self.by_proxy.get(name)
-            answer.append(
-                Candidate(
-                    name,
-                    self.healthy(name),
-                    lease.expires_at if lease is not None else None,
-                    self.cooling_until(name, host, now),
-                )
-            )
-        return answer
+    def candidate(self, name: str, scopes: Sequence[str], now: float) -> Candidate:
+        """Where `name` stands for a grant whose cooldown scopes are `scopes`.
+        A lease past its time still holds its proxy until its end is committed."""
+        lease = self.by_proxy.get(name)
+        return Candidate(
+            name,
+            self.healthy(name),
+            lease.expires_at if lease is not None else None,
+            self.cooling_until(name, scopes, now),
+        )
 
     def snapshot(self, now: float) -> StateSnapshot:
         verdict = self.health.verdict

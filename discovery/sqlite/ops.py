@@ -3,6 +3,7 @@ them, each a frozen value queued to the writer thread (store.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from discovery.book.contract import LeaseRecord
@@ -74,6 +75,9 @@ class Touch:
 
 
 Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune | Touch
+# How the book writes: one unit of ops, durable once awaited, StoreError if
+# not (SqliteStore.write; a test's fault hook may stand in between).
+Write = Callable[[Sequence[Op]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -96,4 +100,5 @@ __all__ = [
     "ReportRecord",
     "StoredState",
     "Touch",
+    "Write",
 ]

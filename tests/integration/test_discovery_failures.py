@@ -8,7 +8,6 @@ Both sides are checked after each failure: what the service answers (and
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -24,11 +23,6 @@ from typing import Any
 import httpx
 import pytest
 
-from discovery.database import PostgresUrl
-from discovery.fleet import parse_fleet
-from discovery.postgres import fleets
-from discovery.postgres.rows import HealthView
-from discovery.postgres.store import PostgresStore
 from discovery.selection import Selector
 from discovery.sqlite.store import SqliteStore
 from tests.support.discovery import (
@@ -43,6 +37,7 @@ from tests.support.discovery import (
     wait_for,
     write_fleet,
 )
+from tests.support.lease_world import Books, World, simple_fleet
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
 from tests.support.responders import Responders
@@ -349,29 +344,20 @@ def test_a_replica_is_not_ready_while_its_database_is_unreachable(
     assert "shared store unavailable" in log and "hunter2" not in log
 
 
-def test_the_shared_store_bounds_reports(postgres: PostgresServer) -> None:
+def test_the_shared_store_bounds_reports(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Reports are kept at most so many (and so long): the newest ones. (The
     cooldown cap is a lease rule: tests/integration/test_lease_rules.py.)"""
+    monkeypatch.setattr("discovery.postgres.book.REPORTS_KEPT", 10)
     url = postgres.fresh_database(f"bounds_{random.randrange(1 << 30)}")
-    fleet = parse_fleet(manifest([proxy_entry("p0")]))
-    store = PostgresStore(PostgresUrl(url))
-    store.migrate()
 
-    async def scenario() -> None:
-        await store.open()
-        try:
-            store.fleet = fleets.digest(fleet.proxies)
-            await fleets.register(store, store.fleet, list(fleet.proxies.values()), ())
-            healthy = HealthView("healthy", None, None, ())
-            await store.write_health([("p0", healthy)], health_changes=1)
-            lease = await store.grant("l0", "h", 60, None, Selector())
-            assert lease is not None
-            for i in range(66):
-                assert await store.report("l0", "blocked", f"t{i}.example", 600) is not None
-            await store.prune(7 * 24 * 3600.0, 10)
-        finally:
-            await store.close()
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("h", ttl=None, selector=Selector(), host=None)
+        for i in range(66):
+            await w.book.report(lease.id, "blocked", host=f"t{i}.example")
+        await w.book.maintain()
+        # Of 66 reports, the newest ten.
+        assert w.stored_reports() == [("blocked", f"t{i}.example") for i in range(56, 66)]
 
-    asyncio.run(scenario())
-    count = postgres.psql("SELECT count(*) FROM discovery_reports", database=url.rsplit("/", 1)[1])
-    assert count.strip() == "10"  # of 66 reports, the newest ten
+    Books("postgres", url).run(simple_fleet(1), scenario, cooldown=600)

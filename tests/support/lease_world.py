@@ -2,13 +2,16 @@
 lease-rule suite (tests/integration/test_lease_rules.py) runs every rule
 against, and what the SQLite book's own tests build on.
 
-- SQLite: the book and its real store on a file of the test's; `Faults`
-  stands between them to fail or hold writes.
-- PostgreSQL: the book and its real store on a fresh database of the
-  session's server (scripts/postgres), the same fake clock given to the
-  store, and the replica's leader step (health written to the database,
-  crawlers' errors handed to the engine) run before and after every call,
-  as if its flush interval were zero.
+Each book is built by its store's own backend, `open()` then `start()`, the
+wiring the service runs (discovery/sqlite/backend.py,
+discovery/postgres/backend.py), given the fake clock:
+
+- SQLite: on a file of the test's; `Faults`, the backend's write hook,
+  stands between the book and the store to fail or hold writes.
+- PostgreSQL: on a fresh database of the session's server (scripts/postgres),
+  with the replica's leader step (health written to the database, crawlers'
+  errors handed to the engine) run before and after every call, as if its
+  flush interval were zero.
 
 Both read their health from a FakeHealth the test sets.
 """
@@ -32,13 +35,12 @@ from discovery.book.rules import Terms
 from discovery.database import PostgresUrl
 from discovery.fleet import Fleet, parse_fleet
 from discovery.metrics import Metrics, StateSnapshot
-from discovery.postgres.book import PostgresBook
+from discovery.postgres.backend import PostgresBackend
 from discovery.postgres.leadership import Leadership
-from discovery.postgres.store import PostgresStore
 from discovery.selection import Selector
+from discovery.sqlite.backend import SqliteBackend
 from discovery.sqlite.book import SqliteBook
-from discovery.sqlite.ops import Op
-from discovery.sqlite.store import SqliteStore
+from discovery.sqlite.ops import Op, Write
 from health.model import Health
 from tests.support.discovery import FakeHealth, manifest, proxy_entry
 
@@ -57,17 +59,22 @@ class Clock:
 
 
 class Faults:
-    """Stands between the SQLite book and its store: while `failing`, every
-    write fails and nothing reaches SQLite (a full disk); after `hold()`,
-    writes wait until `settle()` lets each of them commit or fail, in order."""
+    """The SQLite backend's write hook: stands between the book and its store.
+    While `failing`, every write fails and nothing reaches SQLite (a full
+    disk); after `hold()`, writes wait until `settle()` lets each of them
+    commit or fail, in order."""
 
-    def __init__(self, store: SqliteStore) -> None:
-        self._real = store.write
+    def __init__(self) -> None:
+        self._real: Write | None = None
         self.failing = False
         self.held: list[tuple[Sequence[Op], asyncio.Future[None]]] | None = None
-        store.write = self.write  # type: ignore[method-assign]
 
-    def write(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+    def hook(self, real: Write) -> Write:
+        self._real = real
+        return self.write
+
+    def write(self, ops: Sequence[Op]) -> Awaitable[None]:
+        assert self._real is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.failing:
             future.set_exception(StoreError("database or disk is full"))
@@ -84,6 +91,7 @@ class Faults:
         """Lets the held writes go, the i-th committing if commits[i]."""
         held, self.held = self.held or [], None
         assert len(held) == len(commits), f"{len(held)} writes held"
+        assert self._real is not None
         for (ops, future), commit in zip(held, commits, strict=True):
             if commit:
                 await self._real(ops)
@@ -98,7 +106,7 @@ class Synced:
     """A PostgreSQL book whose replica leads with a zero flush interval: the
     leader's step runs around every call."""
 
-    def __init__(self, book: PostgresBook, leader: Leadership) -> None:
+    def __init__(self, book: LeaseBook, leader: Leadership) -> None:
         self._book = book
         self._leader = leader
 
@@ -205,6 +213,18 @@ class Books:
             asyncio.run(_postgres(self.database, fleet, scenario, terms, initial, clock))
 
 
+class Listener:
+    """Hands the FakeHealth's changes to the book once it exists, as the
+    service's listener does."""
+
+    def __init__(self) -> None:
+        self.book: LeaseBook | None = None
+
+    def on_health_change(self, name: str, health: Health) -> None:
+        if self.book is not None:
+            self.book.on_health_change(name, health)
+
+
 async def _sqlite(
     path: Path,
     fleet: Fleet,
@@ -214,31 +234,26 @@ async def _sqlite(
     clock: Clock,
     failing: bool,
 ) -> None:
-    store = SqliteStore(path)
-    state = store.open()
-    faults = Faults(store)
+    faults = Faults()
     faults.failing = failing
+    backend = SqliteBackend(path, terms, clock, write_hook=faults.hook)
     metrics = Metrics(CollectorRegistry())
-    holder: list[SqliteBook] = []
-
-    class Listener:
-        def on_health_change(self, name: str, health: Health) -> None:
-            holder[0].on_health_change(name, health)
-
-    health = FakeHealth(Listener(), initial)
-    book = SqliteBook(store=store, health=health, metrics=metrics, terms=terms, clock=clock)
-    holder.append(book)
-    await book.restore(state, fleet)
+    listener = Listener()
+    health = FakeHealth(listener, initial)
 
     def rows(sql: str) -> list[Any]:
         with sqlite3.connect(path) as db:
             return db.execute(sql).fetchall()
 
+    backend.open()
     try:
+        book = await backend.start(fleet, health, metrics)
+        assert isinstance(book, SqliteBook)
+        listener.book = book
         world = World(book, health, clock, metrics, "sqlite", rows, faults=faults, sqlite=book)
         await scenario(world)
     finally:
-        store.close()
+        await backend.stop()
 
 
 async def _postgres(
@@ -249,30 +264,25 @@ async def _postgres(
     initial: Health,
     clock: Clock,
 ) -> None:
-    store = PostgresStore(PostgresUrl(url), max_size=8, clock=clock)
-    store.migrate()
-    await store.open()
+    backend = PostgresBackend(PostgresUrl(url), terms, clock)
     metrics = Metrics(CollectorRegistry())
-
-    class Listener:
-        def on_health_change(self, name: str, health: Health) -> None:
-            """Health reaches the book through the database (Synced)."""
-
+    # Health reaches a PostgreSQL book through the database (Synced), not a listener.
     health = FakeHealth(Listener(), initial)
-    book = PostgresBook(store=store, health=health, metrics=metrics, terms=terms)
-    leader = Leadership(store, health, probe_interval=terms.probe_interval)
-    await book.restore(fleet)
-    await leader.sync()
 
     def rows(sql: str) -> list[Any]:
         with psycopg.connect(url) as conn:
             return [tuple(r) for r in conn.execute(sql).fetchall()]
 
+    backend.open()
     try:
+        book = await backend.start(fleet, health, metrics)
+        leader = backend.leadership
+        assert leader is not None
+        await leader.sync()
         synced: Any = Synced(book, leader)
         await scenario(World(synced, health, clock, metrics, "postgres", rows))
     finally:
-        await store.close()
+        await backend.stop()
 
 
 async def grant_all(w: World, host: str | None = None) -> list[str]:

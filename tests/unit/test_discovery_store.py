@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from discovery.book.errors import StoreError
-from discovery.book.rules import MAX_TARGET_COOLDOWNS, merge_cooldown
+from discovery.book.rules import MAX_TARGET_COOLDOWNS
 from discovery.sqlite.ops import (
     AddReport,
     CooldownRecord,
@@ -239,20 +239,6 @@ def test_cooldowns_per_proxy_are_capped_by_widening_to_every_target(tmp_path: Pa
             ("p1", "y.example", now + 110),
             ("p2", "x.example", now + 5),
         ]
-
-
-def test_merge_cooldown_is_the_stores_rule_in_memory() -> None:
-    now = 1000.0
-    scopes: dict[str, float] = {"old.example": now - 1}
-    for i in range(MAX_TARGET_COOLDOWNS):
-        assert merge_cooldown(scopes, f"t{i}.example", now + 1 + i, now) == f"t{i}.example"
-    assert merge_cooldown(scopes, "t0.example", now - 100, now) == "t0.example"  # never shortens
-    assert scopes["t0.example"] == now + 1
-    assert len(scopes) == MAX_TARGET_COOLDOWNS + 1
-    assert merge_cooldown(scopes, "last.example", now + 100, now) == "*"
-    assert scopes == {"*": now + 100}
-    assert merge_cooldown(scopes, "*", now + 20, now) == "*"
-    assert scopes == {"*": now + 100}
 
 
 def test_a_store_that_failed_knows_it_until_a_write_commits(tmp_path: Path) -> None:
