@@ -113,6 +113,7 @@ def fleet(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             conn.close()
 
 
+@pytest.mark.testbed_alone  # compares everything on the host before and after
 def test_preview_of_a_new_stack_lists_every_resource_and_changes_nothing(fleet: Fleet) -> None:
     before = fleet.host_objects()
     done = fleet.stack.ok("preview", "--json")

@@ -84,6 +84,7 @@ def test_fails_on_an_unknown_network_and_names_it(testbed: Testbed, tmp_path: Pa
     assert "libvirt network 'no-such-net' not found" in done.stdout
 
 
+@pytest.mark.testbed_alone  # /dev/kvm is the machine's
 def test_names_a_kvm_device_qemu_cannot_open_and_passes_once_udev_permissions_are_back(
     testbed: Testbed, tmp_path: Path
 ) -> None:
