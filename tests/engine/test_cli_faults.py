@@ -24,7 +24,8 @@ from tests.support.pulumi_cli import CliStack, descendants
 from tests.support.testbed import STATE_DIR, URI, Testbed, run_testbed
 from tests.support.tinyfleet import pool_volumes, tiny_fleet
 
-pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
+# They kill the testbed's own sshd and libvirtd: no other test on it meanwhile.
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.testbed_alone]
 
 
 def kill_service(name: str, *, with_children: bool) -> None:

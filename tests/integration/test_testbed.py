@@ -13,15 +13,19 @@ import time
 import xml.etree.ElementTree as ET
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
+from tests.support.domains import disk_names, network_boot_next, new_name, testbed_domain, to_xml
+from tests.support.stack_config import host, kvm_provider
+
 if TYPE_CHECKING:
     from tests.support.testbed import Testbed
 
-pytestmark = pytest.mark.integration
+# `up` again, another checkout's `up`, the machine's owner file rewritten: alone.
+pytestmark = [pytest.mark.integration, pytest.mark.testbed_alone]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,26 +131,25 @@ def test_env_prints_the_env_file(testbed: Testbed) -> None:
 
 def test_provider_yaml_describes_the_testbed(testbed: Testbed) -> None:
     provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    assert provider == {
-        "name": "testbed",
-        "type": "kvm",
-        "kvm": {
-            "sshKeyFile": str(testbed.key),
-            "knownHostsFile": str(testbed.known_hosts),
-            "hosts": [
-                {
-                    "name": "testbed",
-                    "address": f"127.0.0.1:{testbed.ssh_port}",
-                    "user": testbed.user,
-                    "socket": testbed.socket,
-                    "pool": testbed.pool,
-                    "network": testbed.network,
-                    "domainType": "qemu",
-                    "cpuMode": "maximum",
-                }
-            ],
-        },
-    }
+    the_host = host(
+        "testbed",
+        f"127.0.0.1:{testbed.ssh_port}",
+        user=testbed.user,
+        network=testbed.network,
+        socket=testbed.socket,
+        pool=testbed.pool,
+        domain_type="qemu",
+        cpu_mode="maximum",
+    )
+    no_images: dict[str, Any] = {}  # each stack adds its own, and machine types
+    assert provider == kvm_provider(
+        testbed.key,
+        testbed.known_hosts,
+        name="testbed",
+        hosts=[the_host],
+        images=no_images,
+        machine_types=no_images,
+    )
     assert testbed.key.is_absolute() and testbed.key.exists()
     assert testbed.known_hosts.is_absolute()
 
@@ -284,50 +287,19 @@ def test_network_is_isolated_and_hands_out_a_dhcp_range(testbed: Testbed) -> Non
     assert Path(f"/proc/{dnsmasq_pid}/comm").read_text().strip() == "dnsmasq"
 
 
-DOMAIN_XML = """\
-<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>256</memory>
-  <vcpu>1</vcpu>
-  <os firmware='efi'>
-    <type arch='x86_64' machine='q35'>hvm</type>
-    <firmware>
-      <feature enabled='no' name='secure-boot'/>
-      <feature enabled='no' name='enrolled-keys'/>
-    </firmware>
-    <boot dev='hd'/>
-    <boot dev='network'/>
-  </os>
-  <features><acpi/></features>
-  <cpu mode='maximum'/>
-  <devices>
-    <disk type='volume' device='disk'>
-      <driver name='qemu' type='qcow2'/>
-      <source pool='{pool}' volume='{name}.qcow2'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <interface type='network'>
-      <source network='{network}'/>
-      <model type='virtio'/>
-    </interface>
-    <serial type='pty'/>
-  </devices>
-</domain>
-"""
-
-
 def test_user_runs_a_qemu_domain_that_gets_a_dhcp_lease(testbed: Testbed) -> None:
-    # What the provider will do, minus a real image: a q35 TCG domain with
-    # UEFI, an (empty) disk from the pool that qemu must be able to open, and
-    # a NIC on the testbed network. OVMF finds nothing on the disk and falls
-    # back to PXE, whose DHCP request shows the network hands out leases.
-    name = f"testbed-smoke-{secrets.token_hex(4)}"
-    xml = DOMAIN_XML.format(name=name, pool=testbed.pool, network=testbed.network)
+    # What the provider will do, minus a real image: its domain (q35, TCG,
+    # UEFI), an (empty) disk and seed from the pool that qemu must be able
+    # to open, and a NIC on the testbed network. OVMF finds nothing on the
+    # disk and falls back to PXE (the NIC boots next), whose DHCP request
+    # shows the network hands out leases.
+    name = new_name()
+    disk, seed = disk_names(name)
+    xml = to_xml(network_boot_next(testbed_domain(testbed, name)))
     try:
-        made = testbed.virsh(
-            "vol-create-as", testbed.pool, f"{name}.qcow2", "16M", "--format", "qcow2"
-        )
-        assert made.returncode == 0, made.stderr
+        for volume, size, fmt in ((disk, "16M", "qcow2"), (seed, "1M", "raw")):
+            made = testbed.virsh("vol-create-as", testbed.pool, volume, size, "--format", fmt)
+            assert made.returncode == 0, made.stderr
         defined = testbed.virsh("define", "/dev/stdin", stdin=xml)
         assert defined.returncode == 0, defined.stderr
         started = testbed.virsh("start", name)
@@ -351,4 +323,5 @@ def test_user_runs_a_qemu_domain_that_gets_a_dhcp_lease(testbed: Testbed) -> Non
     finally:
         testbed.virsh("destroy", name)
         testbed.virsh("undefine", name, "--nvram")
-        testbed.virsh("vol-delete", "--pool", testbed.pool, f"{name}.qcow2")
+        for volume in (disk, seed):
+            testbed.virsh("vol-delete", "--pool", testbed.pool, volume)

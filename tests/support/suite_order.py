@@ -21,9 +21,12 @@ through an attribute pytest 9.2 no longer reads, so it groups nothing.)
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +34,15 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 from tests.support.kube import KUBE_MARK
+from tests.support.shared_use import LOCKS, locked
 
 CLI_MARK = "pulumi_cli"
+ALONE_MARK = "testbed_alone"
 GROUPS_KEY = "egress_proxies_groups"
+
+# The modules that boot whole Debian guests (minutes of TCG each) run in a
+# second testbed worker, beside the rest of the testbed's tests.
+GUEST_MODULES = frozenset({"test_stock_image.py", "test_end_to_end.py"})
 
 # Group name -> the fixtures that put a test in it (first match wins).
 GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -49,8 +58,25 @@ def group_of(item: pytest.Item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     for group, fixtures in GROUPS:
         if names & fixtures:
+            if group == "testbed" and item.path.name in GUEST_MODULES:
+                return "testbed-guests"
             return group
     return None
+
+
+@contextlib.contextmanager
+def testbed_turn(item: pytest.Item) -> Iterator[None]:
+    """Around a test on the testbed (its setup, call and teardown): a shared
+    turn, or the testbed to itself for a test marked `testbed_alone` (it
+    kills the testbed's daemons, changes /dev/kvm, or compares everything on
+    the host before and after). Other tests need none."""
+    if "testbed" not in getattr(item, "fixturenames", ()):
+        yield
+        return
+    alone = item.get_closest_marker(ALONE_MARK) is not None
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    with locked(LOCKS / "testbed.turns", fcntl.LOCK_EX if alone else fcntl.LOCK_SH):
+        yield
 
 
 def order_key(item: pytest.Item) -> tuple[bool, bool]:

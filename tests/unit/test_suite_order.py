@@ -150,6 +150,7 @@ def distributed(pytester: pytest.Pytester, files: dict[str, str], workers: int) 
     pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
     pytester.makeini(
         "[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n    kubernetes: needs the cluster\n"
+        "    testbed_alone: has the testbed to itself\n"
     )
     pytester.makepyfile(**files)
     with pytest.MonkeyPatch.context() as patch:
@@ -219,3 +220,47 @@ def test_a_program_a_worker_ran_unregistered_fails_the_whole_run(
     result.assert_outcomes(passed=2)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*does not register*", "*no-such-program-in-any-list*"])
+
+
+def test_a_test_marked_testbed_alone_has_the_testbed_to_itself(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """The testbed's two workers (its own tests, the guest-booting modules)
+    share it, except while a `testbed_alone` test runs: no other test on the
+    testbed starts or ends meanwhile. Only the order of events is asserted."""
+    log = tmp_path / "events"
+    common = (
+        "import fcntl, time, pytest\n"
+        "@pytest.fixture\n"
+        "def testbed(): pass\n"
+        "def note(what):\n"
+        f"    with open({str(log)!r}, 'a') as out:\n"
+        "        fcntl.flock(out, fcntl.LOCK_EX)\n"
+        "        out.write(what + '\\n')\n"
+    )
+    alone = common + (
+        "@pytest.mark.testbed_alone\n"
+        "def test_alone(testbed):\n"
+        "    note('alone-start'); time.sleep(1.0); note('alone-end')\n"
+        "def test_after(testbed): note('after')\n"
+    )
+    guests = common + "".join(
+        f"def test_guest_{i}(testbed):\n    note('guest-{i}-start'); time.sleep(0.3); "
+        f"note('guest-{i}-end')\n"
+        for i in range(6)
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EGRESS_PROXIES_SUITE_LOCKS", str(tmp_path / "locks"))
+        result = distributed(pytester, {"test_bed": alone, "test_stock_image": guests}, 2)
+    result.assert_outcomes(passed=8)
+    where = ran_where(result)
+    assert len(where) == 2, where  # the two groups did run side by side
+    events = log.read_text().split()
+    start, end = events.index("alone-start"), events.index("alone-end")
+    assert end == start + 1, events
+    assert all(
+        events.index(f"guest-{i}-end") == events.index(f"guest-{i}-start") + 1
+        or events.index(f"guest-{i}-start") > end
+        or events.index(f"guest-{i}-end") < start
+        for i in range(6)
+    ), events
