@@ -1,14 +1,15 @@
 """Plain `http://` requests (absolute form), forwarded through a leased squid
 with keep-alive on both sides.
 
-Here the gateway sees the site's answer: one the ban policy calls a ban
-(the crawler client's, bans.py) is reported `blocked` for the site, which
-moves the session or the site's set to another proxy, and an idempotent
-request without a body is sent once more through another proxy. Squid's own
-error pages (`X-Squid-Error`: it could not reach the site) are the site's
-failure, not a ban, and go to the client as they are. A squid that fails
-(refused, reset, timed out, an answer that is no HTTP, its credentials
-refused) is reported `error`, and a request that may be sent twice is.
+Here the gateway sees the site's answer and judges it by the crawler
+client's rule (`verdict`, bans.py): a ban is reported `blocked` for the
+site, which moves the session or the site's set to another proxy, and an
+idempotent request without a body is sent once more through another proxy.
+Squid's own error pages (`X-Squid-Error`: it could not reach the site) are
+the site's failure, not a ban, and go to the client as they are. A squid
+that fails (refused, reset, timed out, an answer that is no HTTP, its
+credentials refused: a 407, `error` by the verdict) is reported `error`, and
+a request that may be sent twice is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from discovery.gateway.bans import verdict
 from discovery.gateway.holds import Hold
 from discovery.gateway.identity import Identity
 from discovery.gateway.take import site_of, take, upstream_failed
@@ -79,16 +81,15 @@ async def _exchange(
     )
     try:
         upstream, answer = await _send(conn, hold, wire, head_only=request.method == b"HEAD")
-        if answer.status == 407:
+        outcome = verdict(gateway.policy, answer.status, _text_headers(answer), b"")
+        if outcome == "error":
             raise UpstreamError("auth", "the squid refused the fleet's credentials")
     except UpstreamError as failure:
         conn.drop_upstream()
         await upstream_failed(conn, request, hold, site, failure, last=last)
         return False if last else None
     gateway.metrics.first_byte.observe(time.perf_counter() - started)
-    banned = not answer.squid_error and gateway.policy.is_ban(
-        answer.status, _text_headers(answer), b""
-    )
+    banned = outcome == "blocked"
     if banned:
         await gateway.holds.report(hold, "blocked", site)
         if not last:

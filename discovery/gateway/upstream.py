@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import httptools
@@ -42,7 +42,6 @@ class Answer:
     keep_alive: bool
     chunked: bool
     length: int | None
-    squid_error: bool = field(default=False)  # squid's own error page, not the site's answer
 
 
 class Upstream(asyncio.Protocol):
@@ -212,7 +211,6 @@ class Upstream(asyncio.Protocol):
             keep_alive=keep_alive,
             chunked=b"chunked" in encoding.lower(),
             length=int(length) if length is not None and length.isdigit() else None,
-            squid_error=any(k == b"x-squid-error" for k, _ in self._headers),
         )
         if not self._answer.chunked and self._answer.length is None and not self._bodiless(status):
             self._answer.keep_alive = False  # the body ends with the connection

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,6 @@ from scrapy import Request, Spider
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.test import get_crawler
 
-from discovery.service import Service
 from egress_proxies_client import (
     AsyncDiscoveryTransport,
     DiscoveryTransport,
@@ -39,83 +35,19 @@ from egress_proxies_client import (
 )
 from egress_proxies_client._bans import BanPolicy
 from egress_proxies_client.scrapy import DiscoveryProxyMiddleware
-from tests.support.discovery import (
-    FakeHealth,
-    ServerThread,
-    app_client,
-    free_port,
-    proxy_entry,
-    settings_for,
-    wait_for,
-    write_fleet,
+from tests.support.crawler_pool import (
+    URL,
+    Sleeps,
+    eventually,
+    fake_health,
+    fleet_settings,
+    leased,
+    listed,
+    pool,
+    proxies_answering,
+    service,
 )
-
-PASSWORD = "pw-of-the-pool"
-URL = "http://discovery"  # the app_client's base URL
-
-
-def fleet_settings(tmp_path: Path, ports: list[int], **options: Any) -> Any:
-    values: dict[str, Any] = {"max_lease_ttl": 60, "lease_cooldown": 30}
-    values.update(options)
-    settings = settings_for(tmp_path, **values)
-    assert settings.fleet_file is not None
-    write_fleet(
-        settings.fleet_file,
-        [
-            proxy_entry(f"p{i}", port=port, username="crawler", password=PASSWORD)
-            for i, port in enumerate(ports)
-        ],
-    )
-    return settings
-
-
-@asynccontextmanager
-async def service(
-    tmp_path: Path, ports: list[int] | None = None, **options: Any
-) -> AsyncIterator[tuple[httpx.AsyncClient, Service]]:
-    settings = fleet_settings(tmp_path, ports or [4100, 4101, 4102], **options)
-    async with app_client(settings) as running:
-        yield running
-
-
-def pool(http: httpx.AsyncClient, counts: Counter[str] | None = None, **options: Any) -> LeasePool:
-    def count(key: str, n: int) -> None:
-        if counts is not None:
-            counts[key] += n
-
-    return LeasePool(URL, holder="pool-test", token="", count=count, http=http, **options)
-
-
-class Sleeps:
-    """The pool's sleep: sleeps, and records what the pool asked for."""
-
-    def __init__(self) -> None:
-        self.asked: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.asked.append(seconds)
-        await asyncio.sleep(seconds)
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
-async def listed(http: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
-    return {p["name"]: p for p in (await http.get("/v1/proxies")).json()["proxies"]}
-
-
-async def leased(http: httpx.AsyncClient) -> set[str]:
-    return {name for name, p in (await listed(http)).items() if p["leased"]}
-
-
-def fake_health(running: Service) -> FakeHealth:
-    health = running._health
-    assert isinstance(health, FakeHealth)
-    return health
+from tests.support.discovery import ServerThread, free_port, wait_for
 
 
 def test_a_site_holds_its_leases_and_spreads_requests_over_them(tmp_path: Path) -> None:
@@ -361,25 +293,6 @@ def test_an_unreachable_service_is_waited_for_then_named() -> None:
 
 
 # -- the httpx transports when a proxy fails -------------------------------------------------
-
-
-def proxies_answering(by_port: dict[int, Callable[[httpx.Request], httpx.Response]]) -> Any:
-    """proxy_transport for the transports: each proxy (by its port) answers
-    through httpx.MockTransport; what each saw is kept."""
-    seen: dict[int, list[str]] = {port: [] for port in by_port}
-
-    def make(url: str) -> httpx.AsyncBaseTransport:
-        port = httpx.URL(url).port
-        assert port is not None
-
-        def handle(request: httpx.Request) -> httpx.Response:
-            seen[port].append(request.url.path)
-            return by_port[port](request)
-
-        return httpx.MockTransport(handle)
-
-    make.seen = seen  # type: ignore[attr-defined]
-    return make
 
 
 def test_a_connection_error_through_a_proxy_is_reported_and_raised(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ Three ways in (README.md): `lease()` / `alease()` for one proxy over a
 block of code; `DiscoveryTransport` / `AsyncDiscoveryTransport` for httpx
 clients that rotate per site on bans; and the Scrapy middleware
 `egress_proxies_client.scrapy.DiscoveryProxyMiddleware` (the `[scrapy]`
-extra). `LeasePool` is what the last two share.
+extra). `LeasePool` is what the last two share; `verdict()` is what all of
+them (and the service's gateway) make of an answer through a proxy.
 """
 
-from egress_proxies_client._bans import BanDetector, BanPolicy, site_of
+from egress_proxies_client._bans import BanDetector, BanPolicy, site_of, verdict
 from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable, PoolClosed
 from egress_proxies_client._lease import AsyncLease, Lease, LeaseOptions, alease, lease
 from egress_proxies_client._pool import Held, LeasePool
@@ -39,4 +40,5 @@ __all__ = [
     "alease",
     "lease",
     "site_of",
+    "verdict",
 ]

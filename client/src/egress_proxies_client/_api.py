@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 
+from egress_proxies_client._options import token_or_env
 from egress_proxies_client._protocol import (
     LEASES,
     TIMEOUT,
@@ -21,15 +22,15 @@ from egress_proxies_client._protocol import (
 
 
 class LeaseApi:
-    """Calls the service at `base_url`; `http` (an httpx.AsyncClient with its
-    base URL set) replaces the client it would make (tests: an
-    httpx.ASGITransport or MockTransport)."""
+    """Calls the service at `base_url` with `token` (None: $DISCOVERY_TOKEN);
+    `http` (an httpx.AsyncClient with its base URL set) replaces the client it
+    would make (tests: an httpx.ASGITransport or MockTransport)."""
 
     def __init__(
         self, base_url: str, *, token: str | None, http: httpx.AsyncClient | None = None
     ) -> None:
         self.base_url = base_url
-        self._token = token
+        self._token = token_or_env(token)
         self._http = http
         self._own = http is None
 

@@ -1,4 +1,7 @@
-"""What counts as a ban, and whom a lease is for: the site (a URL's host)."""
+"""What an answer through a proxy says about the proxy (`verdict`: the one
+rule the httpx transports, the Scrapy middleware and the service's gateway
+apply), what counts as a ban, and whom a lease is for: the site (a URL's
+host)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from egress_proxies_client._protocol import Outcome
+
 DEFAULT_BAN_STATUSES: tuple[int, ...] = (403, 429, 503)
 # The proxy refused our credentials: the proxy's fault, not the site's.
 PROXY_AUTH_REQUIRED = 407
+# On squid's own error pages (it could not reach the site, or its rules refuse
+# the destination): the site's failure or ours, neither a ban nor the proxy's.
+SQUID_ERROR = "x-squid-error"
 
 
 class BanDetector(Protocol):
@@ -57,6 +65,25 @@ class BanPolicy:
     def __repr__(self) -> str:
         pattern = self.body_pattern.pattern if self.body_pattern is not None else None
         return f"BanPolicy(statuses={sorted(self.statuses)}, body_pattern={pattern!r})"
+
+
+def verdict(policy: BanDetector, status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
+    """What an answer through a proxy says about that proxy, to report:
+
+    - `error` for a 407: the proxy refused its credentials (counted against
+      its health, not the site's doing);
+    - `ok` for squid's own error page (`X-Squid-Error`): not the site's answer;
+    - `blocked` for what `policy` calls a ban (the site refuses this proxy);
+    - `ok` for anything else.
+
+    `headers` with case-insensitive names (or lower-cased ones); `body` the
+    decoded body (b"" when it was not read).
+    """
+    if status == PROXY_AUTH_REQUIRED:
+        return "error"
+    if SQUID_ERROR in headers:
+        return "ok"
+    return "blocked" if policy.is_ban(status, headers, body) else "ok"
 
 
 def needs_body(policy: BanDetector) -> bool:

@@ -8,9 +8,10 @@
     with lease(URL, holder="crawler-7", target="https://shop.example/") as proxy:
         ...                                   # the same, for threads: proxy.report("blocked")
 
-While nothing is free (409) it waits what Retry-After says, up to `wait`
-seconds; it renews the lease at a third of what is left; it releases it when
-the block ends, also on an exception. The token defaults to
+While nothing is free (409) or the service cannot be reached it asks again
+(after what Retry-After says), up to `wait` seconds; it renews the lease in
+the background; it releases it when the block ends, also on an exception.
+Both run the pool's own loops (_leasing.py). The token defaults to
 $DISCOVERY_TOKEN. `lease()` is `alease()` run on an event loop in a thread
 of its own: one implementation.
 """
@@ -19,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,11 +30,11 @@ from typing import Any, TypedDict, Unpack
 import httpx
 
 from egress_proxies_client._api import LeaseApi
-from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable
+from egress_proxies_client._errors import DiscoveryError
+from egress_proxies_client._leasing import Sleep, ask, keep, within
 from egress_proxies_client._loop import LoopThread
-from egress_proxies_client._protocol import Denied, Granted, Outcome, grant_body, selector
-
-Sleep = Callable[[float], Awaitable[None]]
+from egress_proxies_client._options import BLOCK_WAIT, Options
+from egress_proxies_client._protocol import Granted, Outcome, grant_body
 
 
 class LeaseOptions(TypedDict, total=False):
@@ -44,7 +44,7 @@ class LeaseOptions(TypedDict, total=False):
     zone: str | None
     labels: Mapping[str, str] | None
     token: str | None  # default $DISCOVERY_TOKEN
-    wait: float  # how long to wait while nothing is free (default 300 s)
+    wait: float  # how long to wait while nothing is free (default BLOCK_WAIT, 300 s)
     renew: bool  # renew in the background (default True)
 
 
@@ -70,11 +70,12 @@ class AsyncLease:
         if renewed is None:
             self.lost = True
             raise DiscoveryError(404, "lease_not_found", "the lease has ended")
-        self._update(renewed)
+        self.refresh(renewed)
 
-    def _update(self, granted: Granted) -> None:
-        self.url = granted.url  # the proxy may have moved
-        self.expires_at = datetime.fromtimestamp(granted.expires_at, UTC)
+    def refresh(self, renewed: Granted) -> None:
+        """Takes a grant's or renewal's end and proxy URL (the proxy may have moved)."""
+        self.url = renewed.url
+        self.expires_at = datetime.fromtimestamp(renewed.expires_at, UTC)
 
     def seconds_left(self) -> float:
         return self.expires_at.timestamp() - time.time()
@@ -90,24 +91,18 @@ async def alease(
     **options: Unpack[LeaseOptions],
 ) -> AsyncIterator[AsyncLease]:
     """Holds a lease for the `async with` block (see the module's doc)."""
-    token = options.get("token")
-    api = LeaseApi(
-        base_url, token=token if token is not None else os.environ.get("DISCOVERY_TOKEN"), http=http
-    )
+    given = Options.of({"wait": BLOCK_WAIT, **options})
+    api = LeaseApi(base_url, token=given.token, http=http)
     target = options.get("target")
     try:
-        body = grant_body(
-            holder,
-            target=target,
-            ttl=options.get("ttl"),
-            chosen=selector(options.get("provider"), options.get("zone"), options.get("labels")),
-        )
-        got = await _grant_waiting(api, body, options.get("wait", 300.0), sleep)
+        body = grant_body(holder, target=target, ttl=given.ttl, chosen=given.selector())
+        what = f"for {target}" if target else f"for {holder}"
+        got = await within(given.wait, sleep, what, lambda: ask(api, body))
         handle = AsyncLease(got.id, got.holder, got.name, got.url, datetime.now(UTC), target, api)
-        handle._update(got)
+        handle.refresh(got)
         renewer = None
         if options.get("renew", True):
-            renewer = asyncio.get_running_loop().create_task(_renew_loop(handle, sleep))
+            renewer = asyncio.get_running_loop().create_task(_renew(handle, sleep))
         try:
             yield handle
         except BaseException:
@@ -119,33 +114,9 @@ async def alease(
         await api.aclose()
 
 
-async def _grant_waiting(
-    api: LeaseApi, body: dict[str, object], wait: float, sleep: Sleep
-) -> Granted:
-    deadline = time.monotonic() + wait
-    while True:
-        answer = await api.grant(body)
-        if not isinstance(answer, Denied):
-            return answer
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise NoProxyAvailable(answer.detail, answer.retry_after)
-        await sleep(min(left, answer.pause()))
-
-
-async def _renew_loop(handle: AsyncLease, sleep: Sleep) -> None:
-    while True:
-        # A third of what is left: two more chances before it runs out.
-        await sleep(max(0.2, handle.seconds_left() / 3))
-        try:
-            await handle.renew()
-        except DiscoveryError:
-            if handle.lost:
-                return
-        except httpx.TransportError:
-            if handle.seconds_left() <= 0:
-                handle.lost = True
-                return
+async def _renew(handle: AsyncLease, sleep: Sleep) -> None:
+    if await keep(handle._api, handle, sleep) == "lost":
+        handle.lost = True
 
 
 async def _release(handle: AsyncLease, renewer: asyncio.Task[None] | None, *, quiet: bool) -> None:

@@ -12,10 +12,12 @@ Per site (the request's host name) the transport holds up to `per_site`
 leases, each leased for that site. An answer the ban policy calls a ban
 (403, 429, 503 or `ban_body` by default) is reported `blocked` for the site,
 the proxy dropped for it, and the request sent again through another proxy
-(up to `ban_retries` times; then the last banned answer is returned). A
-connection error through a proxy is reported `error`, the proxy dropped,
-and the error raised. Closing the client (or the transport) releases every
-lease. `stats` counts what happened.
+(up to `ban_retries` times; then the last banned answer is returned); a 407
+(the proxy refused its credentials) is reported `error` and retried the
+same way (_rotation.py, shared with the Scrapy middleware). A connection
+error through a proxy is reported `error`, the proxy dropped, and the error
+raised. Closing the client (or the transport) releases every lease. `stats`
+counts what happened. The options' defaults: _options.py.
 
 The sync transport is the async one run on an event loop in a daemon thread
 of its own (one implementation); it may be shared by threads, like an
@@ -27,9 +29,9 @@ give your own for `verify`, `http2`, limits, retries.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Unpack
 
 import httpx
 
@@ -42,24 +44,21 @@ from egress_proxies_client._bans import (
     site_of,
 )
 from egress_proxies_client._loop import LoopThread
+from egress_proxies_client._options import Options, PoolSettings
 from egress_proxies_client._pool import Held, LeasePool
+from egress_proxies_client._rotation import Rotation
 
 ProxyTransport = Callable[[str], httpx.AsyncBaseTransport]
 
 
-class RotationOptions(TypedDict, total=False):
+class RotationOptions(PoolSettings, total=False):
+    """The pool's options (`token`, `provider`, `zone`, `labels`, `ttl`,
+    `per_site`, `wait`, `idle`) and the transport's own; defaults: Options."""
+
     holder: str | None  # default `httpx@HOST:PID`
-    token: str | None  # default $DISCOVERY_TOKEN
-    provider: str | None
-    zone: str | None
-    labels: Mapping[str, str] | None
-    ttl: float | None
-    per_site: int  # leases per site (default 1)
-    wait: float  # how long a request waits for a proxy (default 60 s)
-    idle: float | None  # give a lease back after so long unused (default 60 s)
     policy: BanDetector | None  # default BanPolicy()
     ban_body: str | bytes | None  # or: BanPolicy(body_pattern=...)
-    ban_retries: int  # tries on other proxies after a ban (default 5)
+    ban_retries: int  # sends of one request through other proxies after bans
     proxy_transport: ProxyTransport | None
     http: httpx.AsyncClient | None  # to the discovery service (tests: ASGITransport)
 
@@ -112,7 +111,7 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
         if policy is not None and ban_body is not None:
             raise ValueError("give either policy or ban_body (a BanPolicy's body pattern)")
         self.policy: BanDetector = policy or BanPolicy(body_pattern=ban_body)
-        self.ban_retries = options.get("ban_retries", 5)
+        chosen = Options.of(options)
         self.stats: Counter[str] = Counter()
         self._make: ProxyTransport = options.get("proxy_transport") or (
             lambda url: httpx.AsyncHTTPTransport(proxy=url)
@@ -120,17 +119,13 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
         self.pool = LeasePool(
             discovery_url,
             holder=options.get("holder") or default_holder("httpx"),
-            token=options.get("token"),
-            provider=options.get("provider"),
-            zone=options.get("zone"),
-            labels=options.get("labels"),
-            ttl=options.get("ttl"),
-            per_site=options.get("per_site", 1),
-            wait=options.get("wait", 60.0),
-            idle=options.get("idle", 60.0),
             count=self._count,
             on_drop=self._dropped,
             http=options.get("http"),
+            **chosen.pool_settings(),
+        )
+        self._rotation = Rotation(
+            self.pool, self.policy, ban_retries=chosen.ban_retries, count=self._count
         )
         self._routes: dict[str, _Route] = {}
         self._stale: list[httpx.AsyncBaseTransport] = []
@@ -163,12 +158,13 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
                 response = _fresh(response, request, _Replay(raw))
             else:
                 response.stream = _Tracked(stream, finish)
-            outcome = self._verdict(response.status_code, response.headers, raw)
-            if outcome is None:
+            outcome = await self._rotation.settle(
+                held, response.status_code, response.headers, _decoded(response, raw)
+            )
+            if outcome == "ok":
                 await self._close_stale()
                 return response
-            await (self.pool.blocked if outcome == "blocked" else self.pool.failed)(held)
-            if self._give_up_retrying(tries):
+            if not self._rotation.again(tries):
                 return response
             tries += 1
             await response.aclose()
@@ -184,25 +180,9 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] += n
 
-    def _verdict(self, status: int, headers: httpx.Headers, raw: bytes | None) -> str | None:
-        """`blocked`, `error` (the proxy refused its credentials) or None (a good answer)."""
-        if status == PROXY_AUTH_REQUIRED:
-            return "error"
-        body = b""
-        if raw is not None:
-            # Decoded as the client would (gzip, br, ...).
-            body = httpx.Response(status, headers=headers, stream=httpx.ByteStream(raw)).read()
-        if self.policy.is_ban(status, headers, body):
-            self._count("bans")
-            return "blocked"
-        return None
-
-    def _give_up_retrying(self, tries: int) -> bool:
-        if tries >= self.ban_retries:
-            self._count("retries/exhausted")
-            return True
-        self._count("retries")
-        return False
+    @property
+    def ban_retries(self) -> int:
+        return self._rotation.ban_retries
 
     def _route(self, held: Held) -> _Route:
         route = self._routes.get(held.id)
@@ -306,6 +286,15 @@ class _SyncStream(httpx.SyncByteStream):
 
 async def _next(chunks: AsyncIterator[bytes]) -> bytes:
     return await anext(chunks)
+
+
+def _decoded(response: httpx.Response, raw: bytes | None) -> bytes:
+    """The body as the client will see it (gzip, br, ... undone); b"" unread."""
+    if raw is None:
+        return b""
+    return httpx.Response(
+        response.status_code, headers=response.headers, stream=httpx.ByteStream(raw)
+    ).read()
 
 
 def _fresh(

@@ -9,9 +9,11 @@ are skipped, and sets `request.meta["proxy"]` to the proxy's URL with its
 credentials (Scrapy's HttpProxyMiddleware, at 750, turns them into
 Proxy-Authorization). A banned answer (by `DISCOVERY_BAN_POLICY`) makes it
 report `blocked` for the site, drop that proxy for the site and send the
-request again through another one; a connection error is reported as
-`error`. Leases are renewed while in use and all released when the spider
-closes. docs/crawlers.md has every setting.
+request again through another one, and so does a 407, reported `error`
+(_rotation.py: the httpx transports' rule); a connection error is reported
+as `error`. Leases are renewed while in use and all released when the
+spider closes. docs/crawlers.md has every setting; their defaults are
+_options.py's.
 
 Only this module of the package imports Scrapy (`pip install
 egress-proxies-client[scrapy]`; import-linter holds the rest to that); it
@@ -33,14 +35,15 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from egress_proxies_client._bans import (
     DEFAULT_BAN_STATUSES,
-    PROXY_AUTH_REQUIRED,
     BanDetector,
     BanPolicy,
     default_holder,
     site_of,
 )
 from egress_proxies_client._errors import DiscoveryError, PoolClosed
+from egress_proxies_client._options import DEFAULTS, Options
 from egress_proxies_client._pool import LeasePool
+from egress_proxies_client._rotation import Rotation, reason
 
 if TYPE_CHECKING:
     from typing import Self
@@ -123,10 +126,17 @@ class DiscoveryProxyMiddleware:
     ) -> None:
         self.crawler = crawler
         self.pool = pool
-        self.policy = policy
-        self.ban_retries = ban_retries
         self.error_exceptions = error_exceptions
+        self._rotation = Rotation(pool, policy, ban_retries=ban_retries, count=self._count)
         self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def policy(self) -> BanDetector:
+        return self._rotation.policy
+
+    @property
+    def ban_retries(self) -> int:
+        return self._rotation.ban_retries
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -153,18 +163,22 @@ class DiscoveryProxyMiddleware:
 
         labels = settings.getdict("DISCOVERY_LABELS") or None
         spider_name = getattr(crawler.spidercls, "name", None) or "spider"
-        pool = LeasePool(
-            str(url),
-            holder=settings.get("DISCOVERY_HOLDER") or default_holder(f"scrapy:{spider_name}"),
+        options = Options(
             token=settings.get("DISCOVERY_TOKEN") or None,
             provider=settings.get("DISCOVERY_PROVIDER") or None,
             zone=settings.get("DISCOVERY_ZONE") or None,
             labels={str(k): str(v) for k, v in labels.items()} if labels else None,
             ttl=_optional_float(settings, "DISCOVERY_LEASE_TTL"),
-            per_site=settings.getint("DISCOVERY_PROXIES_PER_SITE", 1),
-            wait=settings.getfloat("DISCOVERY_WAIT", 60.0),
-            idle=_optional_float(settings, "DISCOVERY_IDLE_RELEASE", 60.0),
+            per_site=settings.getint("DISCOVERY_PROXIES_PER_SITE", DEFAULTS.per_site),
+            wait=settings.getfloat("DISCOVERY_WAIT", DEFAULTS.wait),
+            idle=_optional_float(settings, "DISCOVERY_IDLE_RELEASE", DEFAULTS.idle),
+            ban_retries=settings.getint("DISCOVERY_BAN_RETRIES", DEFAULTS.ban_retries),
+        )
+        pool = LeasePool(
+            str(url),
+            holder=settings.get("DISCOVERY_HOLDER") or default_holder(f"scrapy:{spider_name}"),
             count=count,
+            **options.pool_settings(),
         )
         errors = tuple(
             load_object(path)
@@ -176,7 +190,7 @@ class DiscoveryProxyMiddleware:
             crawler,
             pool,
             ban_policy(crawler),
-            ban_retries=settings.getint("DISCOVERY_BAN_RETRIES", 5),
+            ban_retries=options.ban_retries,
             error_exceptions=errors,
         )
         crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
@@ -210,18 +224,12 @@ class DiscoveryProxyMiddleware:
         held = self.pool.lookup(request.meta[META_LEASE])
         if held is not None:
             self.pool.done(held)
-        if response.status == PROXY_AUTH_REQUIRED:
-            if held is not None:
-                await self.pool.failed(held)
-            return self._retry(request, response, "the proxy refused its credentials (407)")
         # Case-insensitive names, as in httpx.
         headers = cast("Mapping[str, str]", response.headers.to_unicode_dict())
-        if not self.policy.is_ban(response.status, headers, response.body):
+        outcome = await self._rotation.settle(held, response.status, headers, response.body)
+        if outcome == "ok":
             return response
-        self._count("bans")
-        if held is not None:
-            await self.pool.blocked(held)
-        return self._retry(request, response, f"banned ({response.status})")
+        return self._retry(request, response, reason(outcome, response.status))
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         held = self.pool.lookup(request.meta.get(META_LEASE))
@@ -242,8 +250,7 @@ class DiscoveryProxyMiddleware:
     def _retry(self, request: Request, response: Response, why: str) -> Request | Response:
         tries = int(request.meta.get(META_BAN_RETRIES, 0))
         proxy = request.meta.get(META_PROXY)
-        if tries >= self.ban_retries:
-            self._count("retries/exhausted")
+        if not self._rotation.again(tries):
             logger.warning(
                 "%s through %s: %s; gave up after %d retries on other proxies",
                 request,
@@ -252,7 +259,6 @@ class DiscoveryProxyMiddleware:
                 tries,
             )
             return response
-        self._count("retries")
         logger.info("%s through %s: %s; retrying on another proxy", request, proxy, why)
         again = request.copy()
         again.meta[META_BAN_RETRIES] = tries + 1
