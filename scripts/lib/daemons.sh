@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Daemons a project script starts and stops by PID (scripts/testbed,
 # scripts/kube): each PID is kept in $STATE/NAME.pid, and only those are ever
-# signalled. Sourced after log and die are defined and STATE is set.
+# signalled; and the claim on what such daemons make machine-wide. Sourced
+# after scripts/lib/common.sh (log, die), with STATE set.
 
 # alive PID NAME: PID is a live (not zombie) process called NAME (the kernel
 # keeps 15 characters of it). Checking the name guards against a recycled PID
@@ -76,4 +77,42 @@ any_alive() {
     STATE=$dir ours "$name" >/dev/null && return 0
   done
   return 1
+}
+
+# ---- the machine's owner -----------------------------------------------------
+
+# What a testbed or a cluster makes is the machine's, not one checkout's (a
+# bridge, ports, a user, a pool): one at a time, and FILE (under /run) names
+# the state directory of the checkout that holds it.
+
+# other_owner FILE: print the state directory FILE names when it is another
+# checkout's; a record whose directory is gone is stale, and not printed.
+other_owner() {
+  local owner
+  owner=$(cat "$1" 2>/dev/null) || return 1
+  [[ -n $owner && $owner != "$STATE" && -d $owner ]] || return 1
+  echo "$owner"
+}
+
+# claim_machine FILE WHAT HINT DAEMON...: record STATE in FILE. When another
+# checkout holds the machine and one of its DAEMONs runs, its WHAT (e.g. "the
+# cluster") is up: die, saying so and HINT. When none runs, a run that was
+# killed left it: take its place, saying so. CLAIMED_FROM: that checkout's
+# state directory, or empty.
+claim_machine() {
+  local file=$1 what=$2 hint=$3 other
+  shift 3
+  CLAIMED_FROM=
+  if other=$(other_owner "$file"); then
+    any_alive "$other" "$@" && die "$what of ${other%/*} is up on this machine: $hint"
+    log "$what of ${other%/*} was left by a run that was killed (none of its daemons runs): taking its place"
+    # shellcheck disable=SC2034 # for the caller
+    CLAIMED_FROM=$other
+  fi
+  echo "$STATE" >"$file"
+}
+
+# release_machine FILE: forget the claim, unless FILE names another checkout.
+release_machine() {
+  other_owner "$1" >/dev/null || rm -f "$1"
 }

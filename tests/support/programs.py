@@ -152,17 +152,24 @@ def shell_scripts() -> list[Path]:
 _SOURCED = re.compile(r'^\s*(?:\.|source)\s+"?\$ROOT/(scripts/lib/[\w.-]+\.sh)"?', re.MULTILINE)
 
 
-# What a library of scripts/lib expects the script that sources it to define.
-LIBRARY_NEEDS = {"log", "die"}
+# What a library of scripts/lib expects the script that sources it to have
+# sourced first: the shared one, scripts/lib/common.sh (log, die, ...).
+COMMON_LIBRARY = "scripts/lib/common.sh"
+
+
+def _library_functions(library: str) -> set[str]:
+    names: set[str] = set()
+    for node in _walk(_parse_shell((ROOT / library).read_text())):
+        if node.get("Type") == "FuncDecl":
+            names.add(node["Name"]["Value"])  # type: ignore[index]
+    return names
 
 
 def _sourced_functions(text: str) -> set[str]:
     """Functions of the project's shell libraries that a script sources."""
     names: set[str] = set()
     for library in _SOURCED.findall(text):
-        for node in _walk(_parse_shell((ROOT / library).read_text())):
-            if node.get("Type") == "FuncDecl":
-                names.add(node["Name"]["Value"])  # type: ignore[index]
+        names |= _library_functions(library)
     return names
 
 
@@ -215,7 +222,7 @@ def shell_commands(text: str) -> set[str]:
     tree = _parse_shell(text)
     functions: set[str] = _sourced_functions(text)
     if text.startswith("# shellcheck shell=bash"):  # a library: its caller's functions
-        functions |= LIBRARY_NEEDS
+        functions |= _library_functions(COMMON_LIBRARY)
     in_chroot: set[str] = set()  # functions that run their arguments in another tree
     for node in _walk(tree):
         if node.get("Type") == "FuncDecl":
