@@ -69,7 +69,9 @@ class Ledger:
         and rules.available (healthy, no lease)."""
         if name not in self.fleet or name in self.departed:
             return False
-        return available(self.candidate(name, (), 0.0))
+        lease = self.by_proxy.get(name)
+        leased_until = lease.expires_at if lease is not None else None
+        return available(Candidate(name, self.healthy(name), leased_until, None))
 
     def sync_proxy(self, name: str) -> None:
         """Puts `name` in the free pool or takes it out, per the engine's current view."""
