@@ -22,10 +22,18 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
-from egress_proxies_client import AsyncDiscoveryTransport, BanPolicy, alease
+from egress_proxies_client import (
+    AsyncDiscoveryTransport,
+    BanPolicy,
+    DiscoveryError,
+    LeasePool,
+    NoProxyAvailable,
+    alease,
+)
 from egress_proxies_client.scrapy import DiscoveryProxyMiddleware
 from tests.support.crawler_pool import (
     URL,
+    Sleeps,
     cooling,
     eventually,
     fake_health,
@@ -34,6 +42,7 @@ from tests.support.crawler_pool import (
     proxies_answering,
     service,
 )
+from tests.support.discovery import free_port
 
 MOVED_PORT = 4199  # where a renewal says the proxy moved to
 
@@ -110,16 +119,53 @@ async def one_lease(
 KEEPERS = ["alease", "pool"]
 
 
+async def first_lease(
+    kind: str, base_url: str, sleeps: Sleeps, *, http: httpx.AsyncClient | None, token: str
+) -> None:
+    """Asks for one lease (for shop.example, waiting at most 1.2 s) by
+    `alease()` or by the pool."""
+    if kind == "alease":
+        options: dict[str, Any] = {"target": "shop.example", "token": token, "wait": 1.2}
+        async with alease(base_url, "t", http=http, sleep=sleeps, **options):
+            return
+    leases = LeasePool(base_url, holder="t", token=token, wait=1.2, http=http, sleep=sleeps)
+    try:
+        await leases.acquire("shop.example")
+    finally:
+        await leases.aclose()
+
+
+@pytest.mark.parametrize("kind", KEEPERS)
+def test_a_refusal_that_waiting_cannot_change_is_raised_at_once(tmp_path: Path, kind: str) -> None:
+    sleeps = Sleeps()
+
+    async def run() -> None:
+        async with service(tmp_path, [4100], token="the-token-" + "x" * 30) as (http, _):
+            await first_lease(kind, URL, sleeps, http=http, token="wrong")
+
+    with pytest.raises(DiscoveryError, match="401 unauthorized"):
+        asyncio.run(run())
+    assert sleeps.asked == []  # never waited
+
+
+@pytest.mark.parametrize("kind", KEEPERS)
+def test_an_unreachable_service_is_waited_for_then_named(kind: str) -> None:
+    sleeps = Sleeps()
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(NoProxyAvailable, match="unreachable"):
+        asyncio.run(first_lease(kind, unreachable, sleeps, http=None, token=""))
+    assert sum(sleeps.asked) >= 1.0, sleeps.asked  # asked again after a pause, until `wait`
+
+
 @pytest.mark.parametrize("kind", KEEPERS)
 def test_failed_renewals_do_not_stop_the_renewals(tmp_path: Path, kind: str) -> None:
     async def run() -> None:
         async with renewing(tmp_path, ["unreachable", "failing"]) as (http, planned, renewals):
             async with one_lease(kind, planned, ttl=4) as seen:
                 first = seen()
-                await eventually(lambda: "through" in renewals.got)
+                await eventually(lambda: seen().expires_at > first.expires_at)
                 assert renewals.got[:3] == ["unreachable", "failing", "through"]
                 assert not seen().lost
-                assert seen().expires_at > first.expires_at
                 assert await leased(http) == {"p0"}
             assert await leased(http) == set()
 
@@ -180,7 +226,9 @@ def test_the_httpx_transport_sends_through_the_url_a_renewal_names(tmp_path: Pat
             )
             async with httpx.AsyncClient(transport=transport) as client:
                 assert (await client.get("http://shop.example/a")).text == "old"
-                await eventually(lambda: renewals.got == ["moved"])
+                [held] = transport.pool.leases()
+                await eventually(lambda: httpx.URL(held.url).port == MOVED_PORT)
+                assert renewals.got == ["moved"]
                 assert (await client.get("http://shop.example/b")).text == "moved"
             assert transport.stats["leases/granted"] == 1
 

@@ -5,10 +5,12 @@ release on close, refused credentials, connection errors, ban retries.
 
 The logic runs in this process against the real ASGI app (every layer of
 it, through httpx.ASGITransport, with health verdicts from a fake) and, for
-the transports, proxies answered by httpx.MockTransport. A few tests use
-sockets for what only sockets show (an unreachable service, the sync
-transport's thread and streamed bodies). The real crawls through squids are
-in test_crawlers.py."""
+the transports, proxies answered by httpx.MockTransport. A test uses
+sockets for what only sockets show (the sync transport's thread and
+streamed bodies). The rules the pool shares with alease() (refusals, an
+unreachable service, renewal) and the transports with the Scrapy middleware
+(the verdict) are tested against both in test_client_shared_rules.py. The
+real crawls through squids are in test_crawlers.py."""
 
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from scrapy.utils.test import get_crawler
 from egress_proxies_client import (
     AsyncDiscoveryTransport,
     DiscoveryTransport,
-    LeasePool,
     NoProxyAvailable,
     PoolClosed,
     alease,
@@ -47,7 +48,7 @@ from tests.support.crawler_pool import (
     proxies_answering,
     service,
 )
-from tests.support.discovery import ServerThread, free_port, wait_for
+from tests.support.discovery import ServerThread, wait_for
 
 
 def test_a_site_holds_its_leases_and_spreads_requests_over_them(tmp_path: Path) -> None:
@@ -259,37 +260,6 @@ def test_the_scrapy_middleware_sends_nothing_once_the_pool_is_closed(tmp_path: P
 
     request = asyncio.run(run())
     assert request.meta.get("proxy") is None
-
-
-def test_a_refusal_that_waiting_cannot_change_is_raised_at_once(tmp_path: Path) -> None:
-    sleeps = Sleeps()
-
-    async def run() -> None:
-        async with service(tmp_path, [4100], token="the-token-" + "x" * 30) as (http, _):
-            leases = LeasePool(URL, holder="t", token="wrong", wait=30, http=http, sleep=sleeps)
-            try:
-                await leases.acquire("shop.example")
-            finally:
-                await leases.aclose()
-
-    with pytest.raises(Exception, match="401 unauthorized"):
-        asyncio.run(run())
-    assert sleeps.asked == []  # never waited
-
-
-def test_an_unreachable_service_is_waited_for_then_named() -> None:
-    sleeps = Sleeps()
-
-    async def run() -> None:
-        leases = LeasePool(f"http://127.0.0.1:{free_port()}", holder="t", wait=1.2, sleep=sleeps)
-        try:
-            await leases.acquire("shop.example")
-        finally:
-            await leases.aclose()
-
-    with pytest.raises(NoProxyAvailable, match="unreachable"):
-        asyncio.run(run())
-    assert sum(sleeps.asked) >= 1.0, sleeps.asked  # asked again after a pause, until `wait`
 
 
 # -- the httpx transports when a proxy fails -------------------------------------------------
