@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pulumi_cli import CliStack, unreachable_kvm_provider
+from tests.support.pulumi_cli import CliStack
+from tests.support.stack_config import (
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    unreachable_kvm_provider,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -17,18 +24,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
     tmp_path: Path,
 ) -> None:
-    config = {
-        "providers": [unreachable_kvm_provider(tmp_path, cpuMode="custom")],
-        "proxies": [
-            {
-                "name": "a",
-                "provider": "home",
-                "placement": {"zone": "nas9", "machineType": "s", "image": "d"},
-            },
-            {"name": "b", "provider": "nowhere", "placement": {"machineType": "s"}},
+    config = stack_config(
+        [unreachable_kvm_provider(tmp_path, cpu_mode="custom")],
+        [
+            proxy("a", "home", where=placement(zone="nas9")),
+            proxy("b", "nowhere", where=placement("s", None)),
         ],
-        "squid": {"allowedClients": ["10.0.0.0/8"], "port": 70000, "prot": 1},
-    }
+        squid(port=70000) | {"prot": 1},  # a typo of `port`
+    )
     stack = CliStack(tmp_path / "project", "bad", config)
     done = stack.run("preview")
     assert done.returncode != 0

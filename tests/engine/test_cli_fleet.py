@@ -21,7 +21,6 @@ from typing import Any
 import jsonschema
 import libvirt
 import pytest
-import yaml
 
 from providers.kvm.domainxml import parse_domain
 from proxyinfra.manifest import load_schema
@@ -30,6 +29,15 @@ from tests.support import proxyinfra_cli
 from tests.support.http import FileServer
 from tests.support.images import tiny_image
 from tests.support.pulumi_cli import CliStack
+from tests.support.stack_config import (
+    image,
+    machine_type,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    testbed_provider,
+)
 from tests.support.testbed import URI, Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -39,25 +47,19 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 
 
 def fleet_config(testbed: Testbed, image_url: str, solo_image: str = "tiny") -> dict[str, Any]:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    # The same file under two URLs: two bases (named by URL without a digest).
-    provider["kvm"]["images"] = {"tiny": {"url": image_url}, "tiny-b": {"url": image_url + "?b"}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = 180
-    placement = {"machineType": "small", "image": "tiny"}
-    return {
-        "providers": [provider],
-        "proxies": [
-            {"name": "home", "provider": "testbed", "replicas": 2, "placement": placement},
-            {
-                "name": "solo",
-                "provider": "testbed",
-                "replicas": 1,
-                "placement": {**placement, "image": solo_image},
-            },
-        ],
-        "squid": {"allowedClients": [str(testbed.subnet)], "auth": {"username": "crawler"}},
-    }
+    provider = testbed_provider(
+        testbed,
+        # The same file under two URLs: two bases (named by URL without a digest).
+        images={"tiny": image(image_url), "tiny-b": image(image_url + "?b")},
+        machine_types={"small": machine_type(1, 256)},
+        ip_timeout=180,
+    )
+    name = provider["name"]
+    proxies = [
+        proxy("home", name, replicas=2, where=placement("small", "tiny")),
+        proxy("solo", name, replicas=1, where=placement("small", solo_image)),
+    ]
+    return stack_config([provider], proxies, squid(str(testbed.subnet), username="crawler"))
 
 
 @dataclass
@@ -182,8 +184,8 @@ def test_discovery_reads_the_stack_output_by_itself(fleet: Fleet) -> None:
 def test_nothing_secret_is_in_plain_text_in_the_state(fleet: Fleet) -> None:
     state = fleet.stack.ok("stack", "export").stdout
     manifest = fleet.stack.output("fleet")
-    for proxy in manifest["proxies"]:
-        assert proxy["auth"]["password"] not in state
+    for entry in manifest["proxies"]:
+        assert entry["auth"]["password"] not in state
     resources = json.loads(state)["deployment"]["resources"]
     seeds = [r for r in resources if r["urn"].endswith("-seed")]
     assert len(seeds) == len(NAMES)

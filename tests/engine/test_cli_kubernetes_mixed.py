@@ -21,6 +21,7 @@ from tests.support.images import proxy_image
 from tests.support.kube import Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, proxy_vm_provider, self_signed
 from tests.support.pulumi_cli import CliStack
+from tests.support.stack_config import placement, proxy, squid
 from tests.support.testbed import Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
@@ -33,16 +34,10 @@ def mixed_config(testbed: Testbed, cluster: Cluster, image_url: str, sha256: str
     kvm = proxy_vm_provider(testbed, image_url, sha256)
     config = kube_stack_config(cluster, namespace="ep-cli-mixed", replicas=1)
     config["providers"].insert(0, kvm)
-    config["proxies"].insert(
-        0,
-        {
-            "name": "vm",
-            "provider": kvm["name"],
-            "placement": {"machineType": "small", "image": "proxy"},
-        },
-    )
-    # Both the VMs' network and this machine's address on the pods' bridge.
-    config["squid"]["allowedClients"] = [str(testbed.subnet), cluster.client_cidr]
+    config["proxies"].insert(0, proxy("vm", kvm["name"], where=placement("small", "proxy")))
+    # Both the VMs' network and this machine's address on the pods' bridge
+    # (the cluster's squid block with its allowed clients replaced).
+    config["squid"].update(squid(str(testbed.subnet), cluster.client_cidr))
     return config
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.pulumi_cli import PULUMI, ROOT, CliStack, unreachable_kvm_provider
+from tests.support.pulumi_cli import PULUMI, ROOT, CliStack
+from tests.support.stack_config import placement, proxy, stack_config, unreachable_kvm_provider
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -21,13 +22,9 @@ PLUGIN = "pulumi-resource-pulumi-python"
 
 
 def kvm_config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "providers": [unreachable_kvm_provider(tmp_path)],
-        "proxies": [
-            {"name": "a", "provider": "home", "placement": {"machineType": "s", "image": "d"}}
-        ],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-    }
+    return stack_config(
+        [unreachable_kvm_provider(tmp_path)], [proxy("a", "home", where=placement())]
+    )
 
 
 def path_with_decoy(tmp_path: Path) -> str:

@@ -20,6 +20,7 @@ import pytest
 from tests.support.discovery import ServiceProcess, free_port, proxies, wait_for
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import EchoServer, RunningSquid, loopback_settings, start_squid
+from tests.support.stack_config import external_provider, proxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -39,18 +40,16 @@ def squids() -> Iterator[list[RunningSquid]]:
 
 
 def config(site: str, ports: list[int]) -> dict[str, Any]:
-    return {
-        "providers": [{"name": "corp", "type": "external"}],
-        "proxies": [
-            {
-                "name": f"edge-{i}",
-                "provider": "corp",
-                "url": f"http://crawler:{PASSWORD}@127.0.0.1:{port}",
-                "labels": {"site": site},
-            }
-            for i, port in enumerate(ports)
-        ],
-    }
+    proxies = [
+        proxy(
+            f"edge-{i}",
+            "corp",
+            url=f"http://crawler:{PASSWORD}@127.0.0.1:{port}",
+            labels={"site": site},
+        )
+        for i, port in enumerate(ports)
+    ]
+    return {"providers": [external_provider()], "proxies": proxies}  # no squid block
 
 
 def healthy(client: httpx.Client, names: set[str]) -> bool:

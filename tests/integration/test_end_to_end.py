@@ -47,6 +47,7 @@ from tests.support.proxyvm import (
 )
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
+from tests.support.stack_config import placement, proxy, squid, stack_config
 from tests.support.testbed import Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -60,24 +61,18 @@ ELSEWHERE = "https://elsewhere.example/"
 
 def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
     provider = proxy_vm_provider(testbed, image_url, sha256)
-    return {
-        "providers": [provider],
-        "proxies": [
-            {
-                "name": "edge",
-                "provider": provider["name"],
-                "replicas": len(NAMES),
-                "placement": {"machineType": "small", "image": "proxy"},
-            }
-        ],
-        "squid": {
-            "allowedClients": [str(testbed.subnet)],
-            "connectPorts": ["443", "1024-65535"],
+    edge = proxy("edge", provider["name"], replicas=len(NAMES), where=placement("small", "proxy"))
+    return stack_config(
+        [provider],
+        [edge],
+        squid(
+            str(testbed.subnet),
+            connect_ports=["443", "1024-65535"],
             # The page server is on the gateway, a private address squid refuses by default.
-            "blockedDestinations": [],
-            "auth": {"username": USERNAME},
-        },
-    }
+            blocked_destinations=[],
+            username=USERNAME,
+        ),
+    )
 
 
 def discovery(tmp_path: Path, fleet: Path, probe_target: str, gateway: int) -> ServiceProcess:

@@ -21,6 +21,16 @@ from providers.kvm.domainxml import DomainSpec, ProxyMetadata, build_domain_xml
 from providers.kvm.volumes import lookup_volume, volume_xml
 from proxyinfra.names import base_marker_volume, overlay_volume, proxy_id, seed_volume
 from tests.support import proxyinfra_cli
+from tests.support.stack_config import (
+    image,
+    machine_type,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    stack_file,
+    testbed_provider,
+)
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -62,22 +72,14 @@ def planted(testbed: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
     for name in (orphan_vol, other_vol):
         pool.createXML(volume_xml(name, 1024 * 1024, "qcow2"), 0)
     made |= {"orphan_volume": orphan_vol, "other_volume": other_vol, "pool": testbed.pool}
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": "http://127.0.0.1:9/tiny.qcow2"}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    config = {
-        "egress-proxies:providers": [provider],
-        "egress-proxies:proxies": [
-            {
-                "name": "home",
-                "provider": "testbed",
-                "replicas": 3,
-                "placement": {"machineType": "small", "image": "tiny"},
-            }
-        ],
-        "egress-proxies:squid": {"allowedClients": ["10.251.77.0/24"]},
-    }
-    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
+    provider = testbed_provider(
+        testbed,
+        images={"tiny": image("http://127.0.0.1:9/tiny.qcow2")},
+        machine_types={"small": machine_type(1, 256)},
+    )
+    home = proxy("home", provider["name"], replicas=3, where=placement("small", "tiny"))
+    config = stack_config([provider], [home], squid("10.251.77.0/24"))
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(stack_file(config)))
     state = {"resources": [{"outputs": {"name": made["owned_domain"], "logicalName": "home-2"}}]}
     (tmp_path / "state.json").write_text(json.dumps(state))
     try:

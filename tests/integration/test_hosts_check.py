@@ -16,15 +16,16 @@ import pytest
 import yaml
 
 from tests.support import proxyinfra_cli
+from tests.support.stack_config import stack_file, testbed_provider
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 
 
 def write_stack(project: Path, testbed: Testbed, **host_changes: Any) -> None:
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
+    provider = testbed_provider(testbed)
     provider["kvm"]["hosts"][0].update(host_changes)
-    doc = {"config": {"egress-proxies:providers": [provider]}}
+    doc = stack_file({"providers": [provider]})
     (project / "Pulumi.check.yaml").write_text(yaml.safe_dump(doc))
 
 

@@ -37,6 +37,7 @@ from tests.support.proxyvm import (
 )
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
+from tests.support.stack_config import placement, proxy, set_kvm, squid, stack_config
 from tests.support.testbed import Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -52,29 +53,23 @@ SQUID_TIMEOUT = 600.0
 def fleet_config(
     testbed: Testbed, image_url: str, sha256: str, mirror: str, key: str
 ) -> dict[str, Any]:
-    provider = proxy_vm_provider(testbed, image_url, sha256)
-    host = provider["kvm"]["hosts"][0]
-    del host["network"]
-    host["bridge"] = testbed.bridge  # DHCP from outside libvirt's view: no lease to read
-    provider["kvm"]["ipTimeoutSeconds"] = IP_TIMEOUT
-    # The repository has one suite: the release itself.
-    provider["kvm"]["apt"] = {"mirror": mirror, "suites": ["$RELEASE"], "key": key}
-    return {
-        "providers": [provider],
-        "proxies": [
-            {
-                "name": "stock",
-                "provider": provider["name"],
-                "placement": {"machineType": "small", "image": "proxy"},
-            }
-        ],
-        "squid": {
-            "allowedClients": [str(testbed.subnet)],
-            "connectPorts": ["443", "1024-65535"],
-            "blockedDestinations": [],  # the page server is on the gateway, a private address
-            "auth": {"username": USERNAME},
-        },
-    }
+    provider = set_kvm(
+        proxy_vm_provider(testbed, image_url, sha256),
+        bridge=testbed.bridge,  # DHCP from outside libvirt's view: no lease to read
+        ip_timeout=IP_TIMEOUT,
+        # The repository has one suite: the release itself.
+        apt={"mirror": mirror, "suites": ["$RELEASE"], "key": key},
+    )
+    return stack_config(
+        [provider],
+        [proxy("stock", provider["name"], where=placement("small", "proxy"))],
+        squid(
+            str(testbed.subnet),
+            connect_ports=["443", "1024-65535"],
+            blocked_destinations=[],  # the page server is on the gateway, a private address
+            username=USERNAME,
+        ),
+    )
 
 
 def one_deb(pool: Path, package: str) -> str:

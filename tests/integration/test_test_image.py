@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import time
@@ -30,7 +29,16 @@ import libvirt
 import pytest
 
 from providers.kvm.iso import build_nocloud_iso
+from providers.kvm.volumes import volume_xml
 from proxyinfra.cloudinit import render_meta_data
+from tests.support.domains import (
+    console_to_file,
+    disk_names,
+    new_name,
+    seed_on_virtio_scsi,
+    testbed_domain,
+    to_xml,
+)
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
@@ -207,61 +215,6 @@ def test_rebuilds_on_a_recipe_change_with_the_same_bytes(image: Image, tmp_path:
 
 # ---- boot ----------------------------------------------------------------------
 
-# The seed: a SATA cdrom, as the provider attaches it; the cloud kernel has no
-# AHCI driver, so its image is given the seed on virtio-scsi instead.
-SEED_DISK = {
-    "generic": "<target dev='sda' bus='sata'/>",
-    "cloud": "<target dev='sda' bus='scsi'/><address type='drive' controller='0'/>",
-}
-EXTRA_CONTROLLER = {
-    "generic": "",
-    "cloud": "<controller type='scsi' index='0' model='virtio-scsi'/>",
-}
-
-DOMAIN_XML = """\
-<domain type='qemu'>
-  <name>{name}</name>
-  <memory unit='MiB'>256</memory>
-  <vcpu>1</vcpu>
-  <os firmware='efi'>
-    <type arch='x86_64' machine='q35'>hvm</type>
-    <firmware>
-      <feature enabled='no' name='secure-boot'/>
-      <feature enabled='no' name='enrolled-keys'/>
-    </firmware>
-    <boot dev='hd'/>
-  </os>
-  <features><acpi/></features>
-  <cpu mode='maximum'/>
-  <devices>
-    <disk type='volume' device='disk'>
-      <driver name='qemu' type='qcow2'/>
-      <source pool='{pool}' volume='{disk}'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    {controller}
-    <disk type='volume' device='cdrom'>
-      <driver name='qemu' type='raw'/>
-      <source pool='{pool}' volume='{seed}'/>
-      {seed_target}
-      <readonly/>
-    </disk>
-    <interface type='network'>
-      <source network='{network}'/>
-      <model type='virtio'/>
-    </interface>
-    <serial type='file'>
-      <source path='{log}'/>
-      <target port='0'/>
-    </serial>
-    <console type='file'>
-      <source path='{log}'/>
-      <target type='serial' port='0'/>
-    </console>
-  </devices>
-</domain>
-"""
-
 
 @pytest.fixture
 def conn() -> Iterator[libvirt.virConnect]:
@@ -285,11 +238,7 @@ def upload(conn: libvirt.virConnect, pool: Any, name: str, data_path: Path, fmt:
         capacity = json.loads(info)["virtual-size"]
     else:
         capacity = size
-    vol = pool.createXML(
-        f"<volume><name>{name}</name><capacity unit='bytes'>{capacity}</capacity>"
-        f"<target><format type='{fmt}'/></target></volume>",
-        0,
-    )
+    vol = pool.createXML(volume_xml(name, capacity, fmt), 0)
     stream = conn.newStream(0)
     vol.upload(stream, 0, size, 0)
     with data_path.open("rb") as source:
@@ -329,7 +278,8 @@ def test_boots_to_a_dhcp_lease_and_reads_its_seed(
     tmp_path: Path,
 ) -> None:
     image = image_of(kernel)
-    name = f"testbed-img-{secrets.token_hex(4)}"
+    name = new_name()
+    disk, seed_name = disk_names(name)
     instance_id = f"iid-{name}"
     seed_iso = tmp_path / "seed.iso"
     seed_iso.write_bytes(
@@ -341,19 +291,15 @@ def test_boots_to_a_dhcp_lease_and_reads_its_seed(
     dom = None
     volumes = []
     try:
-        volumes.append(upload(conn, pool, f"{name}.qcow2", image.qcow2, "qcow2"))
-        volumes.append(upload(conn, pool, f"{name}-seed.iso", seed_iso, "raw"))
-        xml = DOMAIN_XML.format(
-            name=name,
-            pool=testbed.pool,
-            disk=f"{name}.qcow2",
-            seed=f"{name}-seed.iso",
-            controller=EXTRA_CONTROLLER[kernel],
-            seed_target=SEED_DISK[kernel],
-            network=testbed.network,
-            log=log,
-        )
-        dom = conn.defineXML(xml)
+        volumes.append(upload(conn, pool, disk, image.qcow2, "qcow2"))
+        volumes.append(upload(conn, pool, seed_name, seed_iso, "raw"))
+        # The provider's domain, its console written to a file. The seed is a
+        # SATA cdrom, as the provider attaches it; the cloud kernel has no
+        # AHCI driver, so its image is given the seed on virtio-scsi instead.
+        domain = console_to_file(testbed_domain(testbed, name), log)
+        if kernel == "cloud":
+            seed_on_virtio_scsi(domain)
+        dom = conn.defineXML(to_xml(domain))
         mac = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac").get("address")  # type: ignore[union-attr]
 
         started = time.monotonic()

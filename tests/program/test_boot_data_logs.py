@@ -17,6 +17,14 @@ from typing import Any
 from tests.harness.program import ProgramResult, run_program
 from tests.support.logcapture import ENV_LOG_FILE, leaks, telling_lines
 from tests.support.mock_clouds import DEBIAN, DYNAMIC, HOOK, INSTANCE, UBUNTU
+from tests.support.stack_config import (
+    placement,
+    proxy,
+    set_kvm,
+    squid,
+    stack_config,
+    unreachable_kvm_provider,
+)
 
 PROGRAM = "tests.support.logcapture:program_main"
 SECRET = "kubernetes:core/v1:Secret"
@@ -28,46 +36,28 @@ VENDOR_TOKEN = "registry-token-0a7f3d"
 OWN_VENDOR_DATA = f"#!/bin/sh\necho 'registry-login: {VENDOR_TOKEN}' > /etc/registry-login\n"
 
 
-def fleet_config(keys: Path) -> dict[str, Any]:
-    kvm = {
-        "sshKeyFile": str(keys / "key"),
-        "knownHostsFile": str(keys / "known"),
-        "vendorData": OWN_VENDOR_DATA,
-        "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-        "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-        "hosts": [{"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n"}],
-    }
+def fleet_config(directory: Path) -> dict[str, Any]:
+    kvm = set_kvm(unreachable_kvm_provider(directory), vendor_data=OWN_VENDOR_DATA)
     gcp = {
         "project": "crawl-proj-1",
         "region": "europe-west1",
         "zones": ["europe-west1-b"],
         "images": {"debian": DEBIAN, "ubuntu": UBUNTU},
     }
-    gcp_placement = {"machineType": "e2-small"}
-    return {
-        "providers": [
-            {"name": "home", "type": "kvm", "kvm": kvm},
-            {"name": "gcp-eu", "type": "gcp", "gcp": gcp},
-            {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
-        ],
-        "proxies": [
-            {
-                "name": "home",
-                "provider": "home",
-                "placement": {"machineType": "s", "image": "d"},
-                "userData": OWN_USER_DATA,
-            },
-            {"name": "eu", "provider": "gcp-eu", "placement": gcp_placement | {"image": "debian"}},
-            {
-                "name": "eu-ubuntu",
-                "provider": "gcp-eu",
-                "placement": gcp_placement | {"image": "ubuntu"},
-                "userData": OWN_USER_DATA,
-            },
-            {"name": "pods", "provider": "cluster"},
-        ],
-        "squid": {"allowedClients": ["10.8.0.0/16"], "auth": {"username": "crawler"}},
-    }
+    providers = [
+        kvm,
+        {"name": "gcp-eu", "type": "gcp", "gcp": gcp},
+        {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
+    ]
+    proxies = [
+        proxy("home", "home", where=placement(), user_data=OWN_USER_DATA),
+        proxy("eu", "gcp-eu", where=placement("e2-small", "debian")),
+        proxy(
+            "eu-ubuntu", "gcp-eu", where=placement("e2-small", "ubuntu"), user_data=OWN_USER_DATA
+        ),
+        proxy("pods", "cluster"),
+    ]
+    return stack_config(providers, proxies, squid("10.8.0.0/16", username="crawler"))
 
 
 def secrets_of(result: ProgramResult) -> list[str]:
@@ -91,8 +81,6 @@ def secrets_of(result: ProgramResult) -> list[str]:
 
 
 def test_the_program_logs_no_password_hash_or_boot_document(tmp_path: Path) -> None:
-    (tmp_path / "key").write_text("k")
-    (tmp_path / "known").write_text("k")
     records = tmp_path / "records.log"
     records.touch()
     result = run_program(

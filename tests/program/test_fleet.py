@@ -7,60 +7,35 @@ from typing import Any
 
 import bcrypt
 import jsonschema
-import pytest
 
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.manifest import load_schema
 from proxyinfra.names import proxy_id
 from tests.harness.program import run_program
+from tests.support.stack_config import (
+    external_provider,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    unreachable_kvm_provider,
+)
 
 PROGRAM = "tests.program.fake_fleet:main"
 
 
-def config(keys: Path, auth: bool) -> dict[str, Any]:
-    squid: dict[str, Any] = {"allowedClients": ["10.0.0.0/8"], "port": 3129}
-    if auth:
-        squid["auth"] = {"username": "crawler"}
-    return {
-        "providers": [
-            {
-                "name": "home",
-                "type": "kvm",
-                "kvm": {
-                    "sshKeyFile": str(keys / "key"),
-                    "knownHostsFile": str(keys / "known"),
-                    "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-                    "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-                    "hosts": [
-                        {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n"}
-                    ],
-                },
-            },
-            {"name": "corp", "type": "external"},
-        ],
-        "proxies": [
-            {
-                "name": "home",
-                "provider": "home",
-                "replicas": 2,
-                "placement": {"machineType": "s", "image": "d"},
-                "labels": {"site": "home"},
-            },
-            {"name": "corp-1", "provider": "corp", "url": "http://10.0.0.5:3128"},
-        ],
-        "squid": squid,
-    }
+def config(directory: Path, auth: bool) -> dict[str, Any]:
+    home = proxy("home", "home", replicas=2, where=placement(), labels={"site": "home"})
+    corp = proxy("corp-1", "corp", url="http://10.0.0.5:3128")
+    return stack_config(
+        [unreachable_kvm_provider(directory), external_provider()],
+        [home, corp],
+        squid(port=3129, username="crawler" if auth else None),
+    )
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> Path:
-    (tmp_path / "key").write_text("k")
-    (tmp_path / "known").write_text("k")
-    return tmp_path
-
-
-def test_each_replica_is_a_component_dispatched_to_its_backend(keys: Path) -> None:
-    result = run_program(PROGRAM, config(keys, auth=False))
+def test_each_replica_is_a_component_dispatched_to_its_backend(tmp_path: Path) -> None:
+    result = run_program(PROGRAM, config(tmp_path, auth=False))
     result.raise_for_error()
     components = result.resources_of_type(PROXY_TYPE)
     assert [c.name for c in components] == ["home-0", "home-1", "corp-1"]
@@ -85,10 +60,10 @@ def test_each_replica_is_a_component_dispatched_to_its_backend(keys: Path) -> No
     }
 
 
-def test_auth_generates_secret_credentials_per_proxy(keys: Path, tmp_path: Path) -> None:
+def test_auth_generates_secret_credentials_per_proxy(tmp_path: Path) -> None:
     result = run_program(
         PROGRAM,
-        config(keys, auth=True),
+        config(tmp_path, auth=True),
         hybrid=True,
         mode="up-destroy",
         state_file=tmp_path / "state.json",

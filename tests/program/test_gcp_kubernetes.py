@@ -28,6 +28,14 @@ from proxyinfra.names import proxy_id
 from proxyinfra.squid import password_file_line, render_squid_conf, settings_from_config
 from tests.harness.program import ProgramResult, RegisteredResource, run_program
 from tests.support.mock_clouds import ADDRESS, DEBIAN, DYNAMIC, HOOK, INSTANCE, SERVICE, UBUNTU
+from tests.support.stack_config import (
+    external_provider,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    unreachable_kvm_provider,
+)
 
 PROGRAM = "proxyinfra.program:main"
 FIREWALL = "gcp:compute/firewall:Firewall"
@@ -41,115 +49,90 @@ OWN_USER_DATA = "#cloud-config\npackages: [curl]\n"
 
 # --- the fleet -----------------------------------------------------------------
 
-SQUID: dict[str, Any] = {
-    "port": 3129,
-    "allowedClients": ["10.8.0.0/16", "192.0.2.0/24", "2001:db8::/32", "::ffff:10.10.0.0/112"],
-    "auth": {"username": "crawler"},
-}
+SQUID = squid(
+    "10.8.0.0/16",
+    "192.0.2.0/24",
+    "2001:db8::/32",
+    "::ffff:10.10.0.0/112",
+    port=3129,
+    username="crawler",
+)
 
 
-def fleet_config(keys: Path) -> dict[str, Any]:
-    return {
-        "providers": [
-            {
-                "name": "home",
-                "type": "kvm",
-                "kvm": {
-                    "sshKeyFile": str(keys / "key"),
-                    "knownHostsFile": str(keys / "known"),
-                    "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-                    "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-                    "hosts": [
-                        {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n"}
-                    ],
-                },
+def fleet_config(directory: Path) -> dict[str, Any]:
+    providers = [
+        unreachable_kvm_provider(directory),
+        {
+            "name": "gcp-eu",
+            "type": "gcp",
+            "gcp": {
+                "project": "crawl-proj-1",
+                "region": "europe-west1",
+                "zones": ["europe-west1-b", "europe-west1-c"],
+                "network": "crawl-vpc",
+                "subnetwork": "proxies-eu",
+                "machineTypes": ["e2-small"],
+                "images": {"debian": DEBIAN, "ubuntu": {"image": UBUNTU}},
+                "bootDiskSizeGb": 20,
+                "staticIp": True,
             },
-            {
-                "name": "gcp-eu",
-                "type": "gcp",
-                "gcp": {
-                    "project": "crawl-proj-1",
-                    "region": "europe-west1",
-                    "zones": ["europe-west1-b", "europe-west1-c"],
-                    "network": "crawl-vpc",
-                    "subnetwork": "proxies-eu",
-                    "machineTypes": ["e2-small"],
-                    "images": {"debian": DEBIAN, "ubuntu": {"image": UBUNTU}},
-                    "bootDiskSizeGb": 20,
-                    "staticIp": True,
-                },
+        },
+        {
+            "name": "gcp-us",
+            "type": "gcp",
+            "gcp": {"project": "crawl-proj-2", "region": "us-central1"},
+        },
+        {
+            "name": "cluster",
+            "type": "kubernetes",
+            "kubernetes": {
+                "namespace": "egress",
+                "clientNamespaces": ["crawlers"],
+                "cpuLimit": "1",
+                "memoryLimit": "128Mi",
             },
-            {
-                "name": "gcp-us",
-                "type": "gcp",
-                "gcp": {"project": "crawl-proj-2", "region": "us-central1"},
+        },
+        {
+            "name": "edge",
+            "type": "kubernetes",
+            "kubernetes": {
+                "namespace": "edge-proxies",
+                "createNamespace": False,
+                "serviceType": "LoadBalancer",
+                "context": "edge-ctx",
             },
-            {
-                "name": "cluster",
-                "type": "kubernetes",
-                "kubernetes": {
-                    "namespace": "egress",
-                    "clientNamespaces": ["crawlers"],
-                    "cpuLimit": "1",
-                    "memoryLimit": "128Mi",
-                },
-            },
-            {
-                "name": "edge",
-                "type": "kubernetes",
-                "kubernetes": {
-                    "namespace": "edge-proxies",
-                    "createNamespace": False,
-                    "serviceType": "LoadBalancer",
-                    "context": "edge-ctx",
-                },
-            },
-            {"name": "corp", "type": "external"},
-        ],
-        "proxies": [
-            {"name": "home", "provider": "home", "placement": {"machineType": "s", "image": "d"}},
-            {
-                "name": "eu",
-                "provider": "gcp-eu",
-                "replicas": 3,
-                "placement": {"machineType": "e2-small", "image": "debian"},
-                "labels": {"site": "eu"},
-            },
-            {
-                "name": "eu-ubuntu",
-                "provider": "gcp-eu",
-                "placement": {
-                    "zone": "europe-west1-c",
-                    "machineType": "e2-small",
-                    "image": "ubuntu",
-                },
-                "userData": OWN_USER_DATA,
-            },
-            {
-                "name": "us",
-                "provider": "gcp-us",
-                "placement": {"zone": "us-central1-a", "machineType": "e2-micro"},
-            },
-            {
-                "name": "pods",
-                "provider": "cluster",
-                "replicas": 2,
-                "placement": {"zone": "europe-west1-b"},
-                "labels": {"site": "cluster"},
-            },
-            {"name": "edge", "provider": "edge"},
-            {"name": "corp-1", "provider": "corp", "url": "http://10.0.0.5:3128"},
-        ],
-        "squid": SQUID,
-    }
+        },
+        external_provider(),
+    ]
+    proxies = [
+        proxy("home", "home", where=placement()),
+        proxy(
+            "eu", "gcp-eu", replicas=3, where=placement("e2-small", "debian"), labels={"site": "eu"}
+        ),
+        proxy(
+            "eu-ubuntu",
+            "gcp-eu",
+            where=placement("e2-small", "ubuntu", zone="europe-west1-c"),
+            user_data=OWN_USER_DATA,
+        ),
+        proxy("us", "gcp-us", where=placement("e2-micro", None, zone="us-central1-a")),
+        proxy(
+            "pods",
+            "cluster",
+            replicas=2,
+            where=placement(None, None, zone="europe-west1-b"),
+            labels={"site": "cluster"},
+        ),
+        proxy("edge", "edge"),
+        proxy("corp-1", "corp", url="http://10.0.0.5:3128"),
+    ]
+    return stack_config(providers, proxies, SQUID)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> ProgramResult:
-    keys = tmp_path_factory.mktemp("keys")
-    (keys / "key").write_text("k")
-    (keys / "known").write_text("k")
-    return run_program(PROGRAM, fleet_config(keys), new_resource_hook=HOOK).raise_for_error()
+    config = fleet_config(tmp_path_factory.mktemp("keys"))
+    return run_program(PROGRAM, config, new_resource_hook=HOOK).raise_for_error()
 
 
 def pid(name: str) -> str:
@@ -476,19 +459,13 @@ def test_namespace_created_or_used_and_providers_explicit(fleet: ProgramResult) 
 
 
 def open_config(allow: bool) -> dict[str, Any]:
-    return {
-        "providers": [
-            {"name": "gcp", "type": "gcp", "gcp": {"project": "crawl-proj-1", "region": "us-east1"}}
-        ],
-        "proxies": [
-            {
-                "name": "open",
-                "provider": "gcp",
-                "placement": {"zone": "us-east1-b", "machineType": "e2-micro"},
-            }
-        ],
-        "squid": {"allowedClients": ["0.0.0.0/0"], "allowOpenProxyToTheInternet": allow},
-    }
+    gcp = {"name": "gcp", "type": "gcp", "gcp": {"project": "crawl-proj-1", "region": "us-east1"}}
+    where = placement("e2-micro", None, zone="us-east1-b")
+    return stack_config(
+        [gcp],
+        [proxy("open", "gcp", where=where)],
+        squid("0.0.0.0/0") | {"allowOpenProxyToTheInternet": allow},
+    )
 
 
 def test_firewall_open_to_the_internet_is_refused_without_the_flag() -> None:
@@ -520,17 +497,12 @@ def test_firewall_open_to_the_internet_with_the_flag_and_a_warning() -> None:
 def test_a_cluster_ip_manifest_lists_each_service_by_its_address() -> None:
     # For operators outside the cluster's DNS (on a node, or where the service
     # range is routed): the manifest names the Service's cluster IP.
-    config = {
-        "providers": [
-            {
-                "name": "cluster",
-                "type": "kubernetes",
-                "kubernetes": {"namespace": "egress", "manifestAddress": "clusterIP"},
-            }
-        ],
-        "proxies": [{"name": "pods", "provider": "cluster", "replicas": 2}],
-        "squid": SQUID,
+    cluster = {
+        "name": "cluster",
+        "type": "kubernetes",
+        "kubernetes": {"namespace": "egress", "manifestAddress": "clusterIP"},
     }
+    config = stack_config([cluster], [proxy("pods", "cluster", replicas=2)], SQUID)
     result = run_program(PROGRAM, config, new_resource_hook=HOOK).raise_for_error()
     services = by_name(result, SERVICE)
     hosts = {p["name"]: p["host"] for p in result.output("fleet")["proxies"]}

@@ -14,6 +14,7 @@ from proxyinfra.names import proxy_id
 from proxyinfra.stackfile import read_raw
 from tests.harness.program import run_program
 from tests.support.mock_clouds import HOOK as CLOUD_MOCKS
+from tests.support.stack_config import external_provider, host, kvm_provider, proxy, stack_config
 from tests.support.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,20 +60,12 @@ def test_dev_stack_points_at_the_testbed_scripts_testbed_makes(testbed: Testbed)
     assert dev["squid"]["allowedClients"] == [str(testbed.subnet)]
 
 
-def external_config(**squid: Any) -> dict[str, Any]:
-    return {
-        "providers": [{"name": "corp", "type": "external"}],
-        "proxies": [
-            {"name": "corp-1", "provider": "corp", "url": "http://alice:s%40cret@10.0.0.5:3128"},
-            {
-                "name": "corp-2",
-                "provider": "corp",
-                "url": "http://10.0.0.6:8080",
-                "labels": {"site": "b"},
-            },
-        ],
-        "squid": squid,
-    }
+def external_config() -> dict[str, Any]:
+    proxies = [
+        proxy("corp-1", "corp", url="http://alice:s%40cret@10.0.0.5:3128"),
+        proxy("corp-2", "corp", url="http://10.0.0.6:8080", labels={"site": "b"}),
+    ]
+    return stack_config([external_provider()], proxies, {})
 
 
 def test_external_proxies_in_the_manifest_with_secret_credentials() -> None:
@@ -131,19 +124,8 @@ def test_insecure_host_keys_are_warned_about_at_program_start(tmp_path: Path) ->
     key = tmp_path / "key"
     key.write_text("k")
     config = external_config()
-    config["providers"].append(
-        {
-            "name": "lab",
-            "type": "kvm",
-            "kvm": {
-                "sshKeyFile": str(key),
-                "insecureIgnoreHostKey": True,
-                "hosts": [
-                    {"name": "h1", "address": "192.0.2.1:22", "user": "virt", "network": "default"}
-                ],
-            },
-        }
-    )
+    lab = host("h1", network="default")
+    config["providers"].append(kvm_provider(key, insecure=True, name="lab", hosts=[lab]))
     result = run_program(PROGRAM, config)
     result.raise_for_error()
     warning = next(line for line in result.stderr.splitlines() if "insecureIgnoreHostKey" in line)

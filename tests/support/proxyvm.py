@@ -21,7 +21,6 @@ from typing import Any
 import libvirt
 import libvirt_qemu  # type: ignore[import-untyped]
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -30,6 +29,7 @@ from cryptography.x509.oid import NameOID
 from proxyinfra.names import overlay_volume, seed_volume
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
+from tests.support.stack_config import image, machine_type, testbed_provider
 from tests.support.testbed import Testbed
 
 PAGE = b"egress-proxies: a page fetched through a proxy VM\n"
@@ -135,12 +135,13 @@ class PageServer:
 def proxy_vm_provider(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
     """The testbed's kvm provider entry for VMs of the proxy image at
     `image_url` (machine type `small`, image `proxy`)."""
-    provider: dict[str, Any] = yaml.safe_load(testbed.provider_yaml.read_text())
-    # With its digest the base is named by content: cached on the host across runs.
-    provider["kvm"]["images"] = {"proxy": {"url": image_url, "sha256": sha256}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 512}}
-    provider["kvm"]["ipTimeoutSeconds"] = 300  # cloud-init under TCG
-    return provider
+    return testbed_provider(
+        testbed,
+        # With its digest the base is named by content: cached on the host across runs.
+        images={"proxy": image(image_url, sha256)},
+        machine_types={"small": machine_type(1, 512)},
+        ip_timeout=300,  # cloud-init under TCG
+    )
 
 
 # -- squid at the socket level -----------------------------------------------------------------

@@ -232,24 +232,3 @@ def kill_run(process: subprocess.Popen[Any]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.wait(timeout=30)
-
-
-def unreachable_kvm_provider(tmp_path: Path, **host: Any) -> dict[str, Any]:
-    """A kvm provider entry whose host (192.0.2.1, a documentation address)
-    is never contacted: for previews that fail in validation or touch no host."""
-    key, known = tmp_path / "key", tmp_path / "known"
-    key.write_text("not used: no host is contacted\n")
-    known.write_text("")
-    return {
-        "name": "home",
-        "type": "kvm",
-        "kvm": {
-            "sshKeyFile": str(key),
-            "knownHostsFile": str(known),
-            "images": {"d": {"url": "http://img.invalid/d.qcow2"}},
-            "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-            "hosts": [
-                {"name": "nas1", "address": "192.0.2.1:22", "user": "virt", "network": "n", **host}
-            ],
-        },
-    }

@@ -8,8 +8,16 @@ import contextlib
 from typing import Any
 
 import libvirt
-import yaml
 
+from tests.support.stack_config import (
+    image,
+    machine_type,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+    testbed_provider,
+)
 from tests.support.testbed import URI, Testbed
 
 
@@ -17,18 +25,18 @@ def tiny_fleet(
     testbed: Testbed, url: str, *, name: str = "solo", replicas: int = 1, ip_timeout: int = 180
 ) -> dict[str, Any]:
     """Stack config: `replicas` VMs of the image at `url` (its own base) on the testbed."""
-    provider = yaml.safe_load(testbed.provider_yaml.read_text())
-    provider["kvm"]["images"] = {"tiny": {"url": url}}
-    provider["kvm"]["machineTypes"] = {"small": {"vcpus": 1, "memoryMiB": 256}}
-    provider["kvm"]["ipTimeoutSeconds"] = ip_timeout
-    placement = {"machineType": "small", "image": "tiny"}
-    return {
-        "providers": [provider],
-        "proxies": [
-            {"name": name, "provider": "testbed", "replicas": replicas, "placement": placement}
-        ],
-        "squid": {"allowedClients": [str(testbed.subnet)]},
-    }
+    provider = testbed_provider(
+        testbed,
+        images={"tiny": image(url)},
+        machine_types={"small": machine_type(1, 256)},
+        ip_timeout=ip_timeout,
+    )
+    where = placement("small", "tiny")
+    return stack_config(
+        [provider],
+        [proxy(name, provider["name"], replicas=replicas, where=where)],
+        squid(str(testbed.subnet)),
+    )
 
 
 def pool_volumes(testbed: Testbed) -> set[str]:

@@ -16,6 +16,14 @@ from proxyinfra.cloudinit import parse_cloud_config, render_user_data
 from proxyinfra.squid import SquidSettings, render_squid_conf
 from proxyinfra.validation import ConfigError, validate
 from tests.support.cloudinit import consumed
+from tests.support.stack_config import (
+    host,
+    kvm_provider,
+    machine_type,
+    placement,
+    proxy,
+    stack_config,
+)
 
 MIRROR = "http://10.9.0.1:8080/debian"
 KEY = (
@@ -34,24 +42,16 @@ def user_data(apt: dict[str, Any] | None, own: str | None = None) -> str:
 
 def config_errors(apt: dict[str, Any], base: Path) -> list[str]:
     (base / "id_ed25519").write_text("key\n")
-    kvm = {
-        "sshKeyFile": "id_ed25519",
-        "insecureIgnoreHostKey": True,
-        "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
-        "hosts": [{"name": "nas1", "address": "192.0.2.10:22", "user": "virt", "bridge": "br0"}],
-        "apt": apt,
-    }
-    raw = {
-        "providers": [{"name": "kvm-home", "type": "kvm", "kvm": kvm}],
-        "proxies": [
-            {
-                "name": "home",
-                "provider": "kvm-home",
-                "placement": {"machineType": "small", "image": "https://images.example/d.qcow2"},
-            }
-        ],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-    }
+    provider = kvm_provider(
+        "id_ed25519",
+        insecure=True,
+        name="kvm-home",
+        hosts=[host("nas1", "192.0.2.10:22", bridge="br0")],
+        machine_types={"small": machine_type()},
+        apt=apt,
+    )
+    where = placement("small", "https://images.example/d.qcow2")
+    raw = stack_config([provider], [proxy("home", "kvm-home", where=where)])
     with pytest.raises(ConfigError) as info:
         validate(raw, base)
     return [str(issue) for issue in info.value.issues]

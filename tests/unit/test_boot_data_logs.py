@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import bcrypt
 import pulumi
@@ -29,6 +29,7 @@ from proxyinfra.squid import SquidSettings, password_file_line, render_squid_con
 from proxyinfra.validation import validate
 from tests.support.logcapture import every_record, leaks, telling_lines
 from tests.support.mock_clouds import DEBIAN, UBUNTU
+from tests.support.stack_config import placement, proxy, squid, stack_config
 from tests.support.testdriver import TestHost
 
 PROXY = "proxy-0123456789"
@@ -101,19 +102,15 @@ def test_a_seed_made_read_and_deleted_logs_none_of_its_documents(test_host: Test
 def gcp_request(tmp_path: Path, image: str) -> ProxyRequest:
     """A request for a proxy booting `image` (with the operator's userData
     where the image has cloud-init to read it)."""
-    proxy: dict[str, Any] = {
-        "name": "eu",
-        "provider": "gcp-eu",
-        "placement": {"zone": "europe-west1-b", "machineType": "e2-small", "image": "i"},
-    }
-    if image_bootstrap(image) == "cloud-init":
-        proxy["userData"] = OWN_USER_DATA
+    eu = proxy(
+        "eu",
+        "gcp-eu",
+        where=placement("e2-small", "i", zone="europe-west1-b"),
+        user_data=OWN_USER_DATA if image_bootstrap(image) == "cloud-init" else None,
+    )
     gcp = {"project": "crawl-proj-1", "region": "europe-west1", "images": {"i": image}}
-    raw = {
-        "providers": [{"name": "gcp-eu", "type": "gcp", "gcp": gcp}],
-        "proxies": [proxy],
-        "squid": {"allowedClients": ["10.0.0.0/8"], "auth": {"username": "crawler"}},
-    }
+    provider = {"name": "gcp-eu", "type": "gcp", "gcp": gcp}
+    raw = stack_config([provider], [eu], squid(username="crawler"))
     config = validate(raw, tmp_path)
     [replica] = config.replicas()
     # render_metadata takes the hash as text; the Outputs are the program's business.

@@ -14,8 +14,19 @@ from providers.kvm.config import DEFAULT_VENDOR_DATA, KvmProviderEntry
 from proxyinfra.clients import ClientRanges, client_ranges
 from proxyinfra.config import StackConfig
 from proxyinfra.validation import ConfigError, validate
+from tests.support.stack_config import (
+    external_provider,
+    host,
+    image,
+    kvm_provider,
+    machine_type,
+    placement,
+    proxy,
+    stack_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+CORP_URL = "http://u:p@10.0.0.5:3128"
 
 
 @pytest.fixture
@@ -25,36 +36,28 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def kvm_provider(**overrides: Any) -> dict[str, Any]:
-    kvm: dict[str, Any] = {
-        "sshKeyFile": "id_ed25519",
-        "knownHostsFile": "known_hosts",
-        "images": {"debian-13": {"url": "https://images.example/debian-13.qcow2"}},
-        "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 512}},
-        "hosts": [
-            {"name": "nas1", "address": "192.0.2.10:22", "user": "virt", "bridge": "br0"},
-            {"name": "nas2", "address": "192.0.2.11:22", "user": "virt", "network": "default"},
-        ],
-    }
-    kvm.update(overrides)
-    return {"name": "kvm-home", "type": "kvm", "kvm": kvm}
-
-
 def good_config() -> dict[str, Any]:
-    return {
-        "providers": [kvm_provider(), {"name": "corp", "type": "external"}],
-        "proxies": [
-            {
-                "name": "home",
-                "provider": "kvm-home",
-                "replicas": 2,
-                "placement": {"zone": "nas1", "machineType": "small", "image": "debian-13"},
-                "labels": {"site": "home"},
-            },
-            {"name": "corp-1", "provider": "corp", "url": "http://u:p@10.0.0.5:3128"},
-        ],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-    }
+    """Key files relative to the project directory (the `keys` fixture)."""
+    hosts = [
+        host("nas1", "192.0.2.10:22", bridge="br0"),
+        host("nas2", "192.0.2.11:22", network="default"),
+    ]
+    kvm = kvm_provider(
+        "id_ed25519",
+        "known_hosts",
+        name="kvm-home",
+        hosts=hosts,
+        images={"debian-13": image("https://images.example/debian-13.qcow2")},
+        machine_types={"small": machine_type()},
+    )
+    home = proxy(
+        "home",
+        "kvm-home",
+        replicas=2,
+        where=placement("small", "debian-13", zone="nas1"),
+        labels={"site": "home"},
+    )
+    return stack_config([kvm, external_provider()], [home, proxy("corp-1", "corp", url=CORP_URL)])
 
 
 def errors_of(raw: dict[str, Any], base: Path) -> list[str]:
