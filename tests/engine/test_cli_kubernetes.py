@@ -5,8 +5,10 @@ a crawler fetching through them; secrets, no-change previews, drift, a config
 change that rolls the pods, the stored NetworkPolicy, and a destroy that
 leaves nothing of the stack.
 
-The tests of the module share one stack and run in file order (each starts
-from what the one before left)."""
+The steps (`@pytest.mark.step`, tests/support/steps.py) share one stack and
+run in file order, each starting from what the one before left: when one
+fails, it is named as the step that broke and the later steps skip because
+of it. The tests after them stand alone."""
 
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ def page(kube_cluster: Cluster, tls: tuple[Path, Path]) -> Iterator[PageServer]:
         yield server
 
 
+@pytest.mark.step
 def test_preview_lists_every_object_and_creates_nothing(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
@@ -123,6 +126,7 @@ def test_preview_lists_every_object_and_creates_nothing(
     assert stack_objects(kube_cluster) == []
 
 
+@pytest.mark.step
 def test_up_brings_every_pod_to_ready_and_lists_their_addresses(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
@@ -168,6 +172,7 @@ def test_up_brings_every_pod_to_ready_and_lists_their_addresses(
         assert entry["auth"]["username"] == "crawler" and entry["auth"]["password"]
 
 
+@pytest.mark.step
 def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod(
     stack: CliStack,
     kube_cluster: Cluster,
@@ -252,6 +257,7 @@ def test_the_discovery_service_probes_leases_and_a_crawler_fetches_through_a_pod
         service.stop()
 
 
+@pytest.mark.step
 def test_no_password_or_hash_outside_the_secret(stack: CliStack, kube_cluster: Cluster) -> None:
     fleet = stack.output("fleet")
     passwords = [p["auth"]["password"] for p in fleet["proxies"]]
@@ -272,10 +278,12 @@ def test_no_password_or_hash_outside_the_secret(stack: CliStack, kube_cluster: C
         assert needle not in state and needle not in others
 
 
+@pytest.mark.step
 def test_preview_right_after_up_expects_no_changes(stack: CliStack) -> None:
     stack.ok("preview", "--expect-no-changes")
 
 
+@pytest.mark.step
 def test_drift_is_shown_by_refresh_and_repaired_by_up(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
@@ -302,6 +310,7 @@ def test_drift_is_shown_by_refresh_and_repaired_by_up(
     stack.ok("preview", "--expect-no-changes")
 
 
+@pytest.mark.step
 def test_a_squid_change_rolls_the_pods_and_replaces_nothing(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
@@ -340,6 +349,7 @@ def test_a_squid_change_rolls_the_pods_and_replaces_nothing(
     stack.ok("preview", "--expect-no-changes")
 
 
+@pytest.mark.step
 def test_the_network_policy_the_api_server_stores(stack: CliStack, kube_cluster: Cluster) -> None:
     api = kube_cluster.api
     for pid in ids():
@@ -373,6 +383,7 @@ def test_the_network_policy_the_api_server_stores(stack: CliStack, kube_cluster:
         assert len(pods) == 1
 
 
+@pytest.mark.step
 def test_destroy_removes_the_stack_s_namespace_and_everything_in_it(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
