@@ -11,7 +11,7 @@ named by Pulumi.yaml's `plugins:`, which the engine takes before PATH and the
 one bundled with the CLI) runs this module instead: it gives the executors of
 this process at least WORKERS threads, then runs the SDK's server unchanged.
 
-What it relies on, pinned by tests/unit/test_dynamic_host.py: the SDK's
+What it relies on, pinned by tests/provider/test_dynamic_host.py: the SDK's
 ``main()`` builds its executor through the ``futures`` module's attribute
 ``ThreadPoolExecutor`` at call time. If an SDK upgrade changes that, the
 test fails and the process still works, only four calls at a time.

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from proxyinfra.plugins import pulumi_home
 from tests.support.programs import (
     NON_DEBIAN,
     ROOT,
@@ -31,6 +30,7 @@ from tests.support.programs import (
 )
 
 REGISTRY = read_registry()
+BUILT = {"(bootstrap)", "(kube)"}
 
 
 def _always_installed(package: str) -> bool:
@@ -75,44 +75,11 @@ def _owners() -> dict[str, set[str]]:
     return owners
 
 
-def _kube_built(name: str) -> Path:
-    """Where the Kubernetes builds leave NAME (the directory scripts/build-kube
-    prints; the plugin as scripts/bootstrap --kubernetes installs it)."""
-    if name == "pulumi-resource-kubernetes":
-        home = pulumi_home()
-        installed = sorted(home.glob(f"plugins/resource-kubernetes-v*/{name}"))
-        return installed[-1] if installed else home / "plugins" / name
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "build-kube")], capture_output=True, text=True, check=True
-    )
-    return Path(done.stdout.strip().splitlines()[-1]) / name
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        # What bootstrap builds is there once the CLI's build ended, the
-        # Kubernetes builds once theirs did.
-        pytest.param(name, marks=pytest.mark.pulumi_cli)
-        if REGISTRY[name].package == "(bootstrap)"
-        else pytest.param(name, marks=[pytest.mark.pulumi_cli, pytest.mark.kubernetes])
-        if REGISTRY[name].package == "(kube)"
-        else name
-        for name in sorted(REGISTRY)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(n for n, e in REGISTRY.items() if e.package not in BUILT))
 def test_registered_program_is_installed_by_its_listed_package(name: str) -> None:
+    # What the project's own builds make: tests/integration/test_built_programs.py.
     entry = REGISTRY[name]
     assert entry.package in NON_DEBIAN or not entry.package.startswith("("), entry
-    if entry.package == "(bootstrap)":
-        # Beside the CLI that scripts/bootstrap linked as .venv/bin/pulumi,
-        # where the engine looks for its plugins.
-        cli = (ROOT / ".venv" / "bin" / "pulumi").resolve()
-        assert os.access(cli.parent / name, os.X_OK), f"{name} is not beside {cli}"
-        return
-    if entry.package == "(kube)":
-        assert os.access(_kube_built(name), os.X_OK), f"{name} is not where its build put it"
-        return
     if entry.package == "(machine)":
         assert name == "go", f"scripts/programs.txt:{entry.line}: only Go comes with the machine"
         done = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True)
