@@ -1,19 +1,29 @@
 """The README's main job, scripts/up, with the real Pulumi CLI: the dev stack
 previewed against the testbed (the image built and served, the local backend
-and its passphrase made), a failing pulumi command's exit status kept, and a
-taken image port reported before pulumi runs."""
+and its passphrase made), a failing pulumi command's exit status kept, a
+taken image port reported before pulumi runs; and on a fresh clone, a stack
+converged and its fleet served (`scripts/up STACK serve`, probing through the
+testbed's gateway) with nothing set beforehand, the clone's `git status`
+clean after each step."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 
+from tests.support.discovery import all_healthy, free_port, wait_for
+from tests.support.squid import RunningSquid, loopback_settings, start_squid
 from tests.support.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,27 +47,26 @@ def remove_stack(stack: str) -> None:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def checkout_left_as_found() -> Iterator[None]:
-    """pulumi writes the dev stack's encryptionsalt into Pulumi.dev.yaml; when
-    these tests made the dev stack, the stack and that change go again (a
-    salt committed by mistake would not match another clone's passphrase)."""
-    path = ROOT / "Pulumi.dev.yaml"
-    before = path.read_text()
+def dev_stack_left_as_found() -> Iterator[None]:
+    """When these tests made the dev stack, it goes again."""
     existed = (
         ROOT / ".pulumi-state" / ".pulumi" / "stacks" / "egress-proxies" / "dev.json"
     ).exists()
     yield
     if not existed:
         remove_stack("dev")
-        path.write_text(before)
 
 
-def run_up(*args: str) -> subprocess.CompletedProcess[str]:
-    # The user's environment, without a PULUMI_* setting of the developer's own.
+def user_env(**extra: str) -> dict[str, str]:
+    """The user's environment, without a PULUMI_* setting of the developer's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    return {**env, **extra}
+
+
+def run_up(*args: str, root: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(ROOT / "scripts" / "up"), *args],
-        env=env,
+        [str(root / "scripts" / "up"), *args],
+        env=user_env(**env),
         capture_output=True,
         text=True,
         timeout=1800,  # a proxy image build from nothing
@@ -70,6 +79,7 @@ def image_server_gone() -> None:
 
 
 def test_up_preview_shows_the_dev_fleet_from_the_real_cli(testbed: Testbed) -> None:
+    tracked = (ROOT / "Pulumi.dev.yaml").read_bytes()
     done = run_up("preview")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Previewing update (dev)" in done.stdout
@@ -93,6 +103,9 @@ def test_up_preview_shows_the_dev_fleet_from_the_real_cli(testbed: Testbed) -> N
     passphrase = state / "passphrase"
     assert passphrase.stat().st_mode & 0o077 == 0 and passphrase.read_text().strip()
     assert state.stat().st_mode & 0o077 == 0
+    # The stack's salt is kept beside its state, not in the tracked file.
+    assert (ROOT / "Pulumi.dev.yaml").read_bytes() == tracked
+    assert "encryptionsalt: " in (state / "config" / "Pulumi.dev.yaml").read_text()
     image_server_gone()
 
 
@@ -120,11 +133,17 @@ def test_up_drops_another_backends_encryptionsalt_for_a_new_stack(testbed: Testb
     try:
         done = run_up(stack, "preview")
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert f"Pulumi.{stack}.yaml: dropping the encryptionsalt of another backend" in done.stderr
-        assert FOREIGN_SALT not in config.read_text()
+        assert (
+            f"Pulumi.{stack}.yaml: not using the encryptionsalt of another backend's stack"
+            in done.stderr
+        )
+        assert FOREIGN_SALT in config.read_text()  # the checkout's file as it was
+        copy = (ROOT / ".pulumi-state" / "config" / f"Pulumi.{stack}.yaml").read_text()
+        assert FOREIGN_SALT not in copy and "encryptionsalt: " in copy
     finally:
         remove_stack(stack)
         config.unlink(missing_ok=True)
+        (ROOT / ".pulumi-state" / "config" / f"Pulumi.{stack}.yaml").unlink(missing_ok=True)
 
 
 def test_up_stops_before_pulumi_when_the_image_port_is_taken(testbed: Testbed) -> None:
@@ -134,3 +153,139 @@ def test_up_stops_before_pulumi_when_the_image_port_is_taken(testbed: Testbed) -
     assert "could not listen on 127.0.0.1:8799 (in use?)" in done.stderr
     assert "Address already in use" in done.stderr
     assert "Previewing" not in done.stdout, "pulumi must not run without the image server"
+
+
+# ---- a fresh clone ------------------------------------------------------------
+
+
+def git(clone: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(clone), *args], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout
+
+
+def fresh_clone(where: Path) -> Path:
+    """The checkout's files as they are now (tracked and new ones, not what git
+    ignores) committed in a repository of their own, with a .venv of its own
+    that sees this checkout's packages (bootstrap's stamp says they match, so it
+    installs nothing) and this checkout's testbed (.testbed/env; git ignores .testbed/)."""
+    clone = where / "clone"
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+    git(clone.parent, "init", "-q", str(clone))
+    git(clone, "add", "-A")
+    author = ["-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    git(clone, *author, "commit", "-q", "-m", "the checkout as it is")
+    venv = clone / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    site = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "checkout-packages.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    subprocess.run(
+        "sha256sum requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1 >.venv/.lock-sha256",
+        shell=True,
+        cwd=clone,
+        check=True,
+    )
+    (venv / "bin" / "pulumi").symlink_to((ROOT / ".venv" / "bin" / "pulumi").resolve())
+    (clone / ".testbed").mkdir()
+    (clone / ".testbed" / "env").symlink_to(ROOT / ".testbed" / "env")
+    return clone
+
+
+PASSWORD = "clone-pw-" + "5e77e5a1b2c3"
+
+
+@pytest.fixture
+def squid() -> Iterator[RunningSquid]:
+    with start_squid(loopback_settings(auth_username="crawler"), password=PASSWORD) as proxy:
+        yield proxy
+
+
+@pytest.mark.timeout(900)
+def test_up_and_serve_leave_a_fresh_clone_as_it_was(
+    testbed: Testbed, squid: RunningSquid, tmp_path: Path
+) -> None:
+    clone = fresh_clone(tmp_path)
+    config = {
+        "egress-proxies:providers": [{"name": "corp", "type": "external"}],
+        "egress-proxies:proxies": [
+            {
+                "name": "edge",
+                "provider": "corp",
+                "url": f"http://crawler:{PASSWORD}@127.0.0.1:{squid.port}",
+            }
+        ],
+    }
+    (clone / "Pulumi.lab.yaml").write_text(yaml.safe_dump({"config": config}))
+    git(clone, "add", "Pulumi.lab.yaml")
+    git(clone, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "lab")
+    home = {"PULUMI_HOME": str(tmp_path / "pulumi-home")}
+
+    done = run_up("lab", "--yes", root=clone, **home)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
+    copy = clone / ".pulumi-state" / "config" / "Pulumi.lab.yaml"
+    salt = yaml.safe_load(copy.read_text())["encryptionsalt"]
+    # Again, on the stack that now exists: its salt taken from beside its state.
+    again = run_up("lab", "preview", "--expect-no-changes", root=clone, **home)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
+    assert yaml.safe_load(copy.read_text())["encryptionsalt"] == salt
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        serving = subprocess.Popen(
+            [str(clone / "scripts" / "up"), "lab", "serve", "--listen", f"127.0.0.1:{port}"],
+            env=user_env(**home, DISCOVERY_STACK_REFRESH_SECONDS="600"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+            def healthy() -> bool:
+                assert serving.poll() is None, log.read_text()[-3000:]
+                try:
+                    return all_healthy(client, {"edge"})
+                except httpx.TransportError:
+                    return False
+
+            # The service's first probe comes at its start; the default interval is 10 s.
+            wait_for(healthy, timeout=120, what="the served fleet's proxy healthy")
+        target = f"{testbed.gateway}:8798"
+        assert f"probing the fleet through {target} (the testbed's gateway)" in log.read_text()
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        serving.kill()
+    for address, closed in ((str(testbed.gateway), 8798), ("127.0.0.1", port)):
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((address, closed), timeout=5).close()
+    assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
