@@ -31,14 +31,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
 
 def remove_stack(stack: str) -> None:
-    """`pulumi stack rm` of a stack these tests made in the checkout's backend."""
+    """`pulumi stack rm` of a stack these tests made in the checkout's backend;
+    its config file stays (the dev stack's is tracked)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
     env.update(
         PULUMI_BACKEND_URL=f"file://{ROOT / '.pulumi-state'}",
         PULUMI_CONFIG_PASSPHRASE_FILE=str(ROOT / ".pulumi-state" / "passphrase"),
     )
+    pulumi = str(ROOT / ".venv" / "bin" / "pulumi")
     subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "pulumi"), "stack", "rm", stack, "--yes", "--force"],
+        [pulumi, "stack", "rm", stack, "--yes", "--force", "--preserve-config"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -48,13 +50,16 @@ def remove_stack(stack: str) -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def dev_stack_left_as_found() -> Iterator[None]:
-    """When these tests made the dev stack, it goes again."""
+    """When these tests made the dev stack, it goes again; the tracked
+    Pulumi.dev.yaml is never written, the test asserts it."""
     existed = (
         ROOT / ".pulumi-state" / ".pulumi" / "stacks" / "egress-proxies" / "dev.json"
     ).exists()
+    tracked = (ROOT / "Pulumi.dev.yaml").read_bytes()
     yield
     if not existed:
         remove_stack("dev")
+    assert (ROOT / "Pulumi.dev.yaml").read_bytes() == tracked
 
 
 def user_env(**extra: str) -> dict[str, str]:
