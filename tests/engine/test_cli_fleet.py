@@ -36,7 +36,7 @@ from tests.support.stack_config import (
     proxy,
     squid,
     stack_config,
-    testbed_provider,
+    the_testbed_provider,
 )
 from tests.support.testbed import URI, Testbed
 
@@ -47,7 +47,7 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 
 
 def fleet_config(testbed: Testbed, image_url: str, solo_image: str = "tiny") -> dict[str, Any]:
-    provider = testbed_provider(
+    provider = the_testbed_provider(
         testbed,
         # The same file under two URLs: two bases (named by URL without a digest).
         images={"tiny": image(image_url), "tiny-b": image(image_url + "?b")},

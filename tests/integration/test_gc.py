@@ -29,7 +29,7 @@ from tests.support.stack_config import (
     squid,
     stack_config,
     stack_file,
-    testbed_provider,
+    the_testbed_provider,
 )
 from tests.support.testbed import Testbed
 
@@ -72,7 +72,7 @@ def planted(testbed: Testbed, tmp_path: Path) -> Iterator[dict[str, str]]:
     for name in (orphan_vol, other_vol):
         pool.createXML(volume_xml(name, 1024 * 1024, "qcow2"), 0)
     made |= {"orphan_volume": orphan_vol, "other_volume": other_vol, "pool": testbed.pool}
-    provider = testbed_provider(
+    provider = the_testbed_provider(
         testbed,
         images={"tiny": image("http://127.0.0.1:9/tiny.qcow2")},
         machine_types={"small": machine_type(1, 256)},

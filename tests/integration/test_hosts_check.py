@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 from tests.support import proxyinfra_cli
-from tests.support.stack_config import stack_file, testbed_provider
+from tests.support.stack_config import stack_file, the_testbed_provider
 from tests.support.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 
 
 def write_stack(project: Path, testbed: Testbed, **host_changes: Any) -> None:
-    provider = testbed_provider(testbed)
+    provider = the_testbed_provider(testbed)
     provider["kvm"]["hosts"][0].update(host_changes)
     doc = stack_file({"providers": [provider]})
     (project / "Pulumi.check.yaml").write_text(yaml.safe_dump(doc))

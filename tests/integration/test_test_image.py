@@ -34,9 +34,9 @@ from proxyinfra.cloudinit import render_meta_data
 from tests.support.domains import (
     console_to_file,
     disk_names,
+    domain_on_the_testbed,
     new_name,
     seed_on_virtio_scsi,
-    testbed_domain,
     to_xml,
 )
 from tests.support.testbed import Testbed
@@ -296,7 +296,7 @@ def test_boots_to_a_dhcp_lease_and_reads_its_seed(
         # The provider's domain, its console written to a file. The seed is a
         # SATA cdrom, as the provider attaches it; the cloud kernel has no
         # AHCI driver, so its image is given the seed on virtio-scsi instead.
-        domain = console_to_file(testbed_domain(testbed, name), log)
+        domain = console_to_file(domain_on_the_testbed(testbed, name), log)
         if kernel == "cloud":
             seed_on_virtio_scsi(domain)
         dom = conn.defineXML(to_xml(domain))

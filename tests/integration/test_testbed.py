@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.support.domains import disk_names, network_boot_next, new_name, testbed_domain, to_xml
+from tests.support.domains import (
+    disk_names,
+    domain_on_the_testbed,
+    network_boot_next,
+    new_name,
+    to_xml,
+)
 from tests.support.stack_config import host, kvm_provider
 
 if TYPE_CHECKING:
@@ -295,7 +301,7 @@ def test_user_runs_a_qemu_domain_that_gets_a_dhcp_lease(testbed: Testbed) -> Non
     # shows the network hands out leases.
     name = new_name()
     disk, seed = disk_names(name)
-    xml = to_xml(network_boot_next(testbed_domain(testbed, name)))
+    xml = to_xml(network_boot_next(domain_on_the_testbed(testbed, name)))
     try:
         for volume, size, fmt in ((disk, "16M", "qcow2"), (seed, "1M", "raw")):
             made = testbed.virsh("vol-create-as", testbed.pool, volume, size, "--format", fmt)

@@ -30,7 +30,7 @@ def disk_names(name: str) -> tuple[str, str]:
     return overlay_volume(name), seed_volume(name)
 
 
-def testbed_domain(testbed: Testbed, name: str, memory_mib: int = 256) -> ET.Element:
+def domain_on_the_testbed(testbed: Testbed, name: str, memory_mib: int = 256) -> ET.Element:
     """The provider's domain for NAME on the testbed (TCG, UEFI, its network),
     the disks the volumes `disk_names(NAME)` in the testbed's pool."""
     disk, seed = disk_names(name)

@@ -29,7 +29,7 @@ from cryptography.x509.oid import NameOID
 from proxyinfra.names import overlay_volume, seed_volume
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
-from tests.support.stack_config import image, machine_type, testbed_provider
+from tests.support.stack_config import image, machine_type, the_testbed_provider
 from tests.support.testbed import Testbed
 
 PAGE = b"egress-proxies: a page fetched through a proxy VM\n"
@@ -135,7 +135,7 @@ class PageServer:
 def proxy_vm_provider(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
     """The testbed's kvm provider entry for VMs of the proxy image at
     `image_url` (machine type `small`, image `proxy`)."""
-    return testbed_provider(
+    return the_testbed_provider(
         testbed,
         # With its digest the base is named by content: cached on the host across runs.
         images={"proxy": image(image_url, sha256)},

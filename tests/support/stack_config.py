@@ -76,8 +76,9 @@ def kvm_provider(
     **options: Any,
 ) -> dict[str, Any]:
     """A `type: kvm` provider entry: one host (`nas1`), image `d` and machine
-    type `s` unless given (`{}`: none); without KNOWN_HOSTS no key is set
-    (INSECURE then ignores host keys). OPTIONS as `set_kvm` takes them."""
+    type `s` unless given (`{}`: none); without KNOWN_HOSTS the entry names
+    no known_hosts file (INSECURE then ignores host keys). OPTIONS as
+    `set_kvm` takes them."""
     kvm: dict[str, Any] = {"sshKeyFile": str(key_file)}
     if known_hosts is not None:
         kvm["knownHostsFile"] = str(known_hosts)
@@ -124,7 +125,7 @@ def set_kvm(
     return provider
 
 
-def testbed_provider(testbed: Testbed, **options: Any) -> dict[str, Any]:
+def the_testbed_provider(testbed: Testbed, **options: Any) -> dict[str, Any]:
     """The testbed's kvm provider entry (the provider.yaml `scripts/testbed up`
     writes, provider `testbed`, host `testbed`) with OPTIONS as `set_kvm`
     takes them."""

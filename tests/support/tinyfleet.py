@@ -16,7 +16,7 @@ from tests.support.stack_config import (
     proxy,
     squid,
     stack_config,
-    testbed_provider,
+    the_testbed_provider,
 )
 from tests.support.testbed import URI, Testbed
 
@@ -25,7 +25,7 @@ def tiny_fleet(
     testbed: Testbed, url: str, *, name: str = "solo", replicas: int = 1, ip_timeout: int = 180
 ) -> dict[str, Any]:
     """Stack config: `replicas` VMs of the image at `url` (its own base) on the testbed."""
-    provider = testbed_provider(
+    provider = the_testbed_provider(
         testbed,
         images={"tiny": image(url)},
         machine_types={"small": machine_type(1, 256)},
