@@ -14,7 +14,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,19 +29,17 @@ from providers.kvm.volumes import MIB, volume_xml
 from tests.harness.engine import ProviderError, ProviderProcess
 from tests.support.baseimages import (
     URN,
+    BaseImageLab,
     LogWindow,
-    create,
     inputs,
     names_of,
     random_qcow2,
-    random_raw,
-    serve,
     sha256_of,
 )
-from tests.support.http import FileServer
 from tests.support.testbed import Testbed
 
-pytestmark = pytest.mark.integration
+# Downloads paced to seconds, uploads of several MiB over SSH: long RPCs.
+pytestmark = [pytest.mark.integration, pytest.mark.provider_engine(rpc_timeout=300)]
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
 
 
@@ -55,18 +53,7 @@ class FailingMarkerProvider(BaseImageProvider):
         raise libvirt.libvirtError("injected failure after writing the marker")
 
 
-# -- fixtures ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProviderProcess]:
-    with ProviderProcess(env={"EGRESS_PROXIES_LOG": "debug"}, rpc_timeout=300) as process:
-        yield process
-
-
-def pool_files(testbed: Testbed) -> set[str]:
-    """What is really in the pool's directory on the host."""
-    return set(os.listdir(testbed.pool_path))
+# -- helpers ----------------------------------------------------------------------------------
 
 
 def vol_xml(testbed: Testbed, name: str) -> str:
@@ -83,6 +70,12 @@ def qemu_img_info(path: Path) -> dict[str, Any]:
     return info
 
 
+def failure(call: Callable[[], Any]) -> ProviderError:
+    with pytest.raises(ProviderError) as info:
+        call()
+    return info.value
+
+
 def timed(action: Callable[[], Any]) -> float:
     """Seconds the call took, as the engine would wait for it (check and create)."""
     start = time.perf_counter()
@@ -90,33 +83,21 @@ def timed(action: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def failure(call: Any) -> ProviderError:
-    with pytest.raises(ProviderError) as info:
-        call()
-    return info.value
-
-
 # -- fetch and cache --------------------------------------------------------------------------
 
 
-def test_first_fetch_lands_exactly_then_the_cache_serves_it(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    props = inputs(access, image.url, image.digest)
+def test_first_fetch_lands_exactly_then_the_cache_serves_it(lab: BaseImageLab) -> None:
+    testbed, engine = lab.testbed, lab.engine
+    image = lab.qcow2()
+    props = lab.inputs(image.url, image.digest)
     volume, marker = names_of(props)
     outs: dict[str, Any] = {}
     log = LogWindow(engine)
-    fresh_s = timed(lambda: outs.update(create(engine, props, made)))
+    fresh_s = timed(lambda: outs.update(lab.create(props)))
     fresh_rpcs = log.rpcs()
 
-    assert server.count(image.path) == 1
-    assert {volume, marker} <= pool_files(testbed)
+    assert lab.server.count(image.path) == 1
+    assert {volume, marker} <= lab.files()
     host_file = testbed.pool_path / volume
     assert outs["path"] == str(host_file)
     assert outs["digest"] == image.digest and outs["size"] == image.size
@@ -142,9 +123,9 @@ def test_first_fetch_lands_exactly_then_the_cache_serves_it(
 
     log = LogWindow(engine)
     again: dict[str, Any] = {}
-    cached_s = timed(lambda: again.update(create(engine, props, made)))
+    cached_s = timed(lambda: again.update(lab.create(props)))
     cached_rpcs = log.rpcs()
-    assert server.count(image.path) == 1  # no second download
+    assert lab.server.count(image.path) == 1  # no second download
     assert again["cached"] is True
     assert {k: again[k] for k in ("path", "digest", "size")} == {
         k: outs[k] for k in ("path", "digest", "size")
@@ -167,28 +148,21 @@ def test_first_fetch_lands_exactly_then_the_cache_serves_it(
     assert len(cached_rpcs) <= 5
     assert len(read_rpcs) <= 5
 
-    engine.delete(volume, URN, again)
-    assert not {volume, marker} & pool_files(testbed)
+    lab.delete(again)
+    assert not {volume, marker} & lab.files()
 
 
-def test_raw_image_with_progress_lines(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
+def test_raw_image_with_progress_lines(lab: BaseImageLab) -> None:
     # 12 MiB paced to 5 s: a long download, whose progress is logged.
-    image = serve(server, random_raw(tmp_path, 12), rate=12 * MIB / 5)
-    props = inputs(access, image.url, None, "raw")  # no digest configured: named by URL
-    log = LogWindow(engine)
-    outs = create(engine, props, made)
+    image = lab.raw(12, rate=12 * MIB / 5)
+    props = lab.inputs(image.url, None, "raw")  # no digest configured: named by URL
+    log = LogWindow(lab.engine)
+    outs = lab.create(props)
     volume, marker = names_of(props)
     assert volume.startswith("egress-base-u") and volume.endswith(".raw")
     assert outs["digest"] == image.digest and outs["size"] == image.size
-    assert sha256_of(testbed.pool_path / volume) == image.digest
-    assert (testbed.pool_path / marker).read_text() == image.digest
+    assert sha256_of(lab.testbed.pool_path / volume) == image.digest
+    assert (lab.testbed.pool_path / marker).read_text() == image.digest
     lines = re.findall(
         r"(\d\d:\d\d:\d\d,\d+) INFO kvm .* fetching base image: "
         r"\S+ MiB of 12.0 MiB \((\d+)%\) at [\d.]+ MiB/s",
@@ -199,268 +173,190 @@ def test_raw_image_with_progress_lines(
     assert percents == sorted(percents) and all(0 < p < 100 for p in percents)
     times = [datetime.strptime(t, "%H:%M:%S,%f") for t, _ in lines]
     assert all((b - a).total_seconds() >= 1.9 for a, b in itertools.pairwise(times))
-    engine.delete(volume, URN, outs)
-    assert not {volume, marker} & pool_files(testbed)
+    lab.delete(outs)
+    assert not {volume, marker} & lab.files()
 
 
-def test_without_content_length(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path), send_length=False)
-    props = inputs(access, image.url, image.digest)
-    log = LogWindow(engine)
-    outs = create(engine, props, made)
+def test_without_content_length(lab: BaseImageLab) -> None:
+    image = lab.qcow2(send_length=False)
+    props = lab.inputs(image.url, image.digest)
+    log = LogWindow(lab.engine)
+    outs = lab.create(props)
     assert "size=unknown" in log.text
     assert outs["size"] == image.size
-    assert sha256_of(testbed.pool_path / props["volume"]) == image.digest
-    engine.delete(props["volume"], URN, outs)
+    assert sha256_of(lab.testbed.pool_path / props["volume"]) == image.digest
+    lab.delete(outs)
 
 
 # -- broken downloads and leftovers -----------------------------------------------------------
 
 
-def test_cut_off_download_leaves_nothing_and_the_next_create_fetches(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    file = random_qcow2(tmp_path)
-    image = serve(server, file, cut_after=file.stat().st_size // 2)
-    props = inputs(access, image.url)  # no digest: only the stream can tell it broke
+def test_cut_off_download_leaves_nothing_and_the_next_create_fetches(lab: BaseImageLab) -> None:
+    file = random_qcow2(lab.scratch)
+    image = lab.serve(file, cut_after=file.stat().st_size // 2)
+    props = lab.inputs(image.url)  # no digest: only the stream can tell it broke
     volume, marker = names_of(props)
-    error = failure(lambda: create(engine, props, made))
+    error = lab.failure(props)
     assert error.exception_type == "providers.kvm.errors.ImageError"
     assert f"download of {image.url} broke off after" in error.message
-    assert server.count(image.path) == 1
-    assert not {volume, marker} & pool_files(testbed)
+    assert lab.server.count(image.path) == 1
+    assert not {volume, marker} & lab.files()
 
-    server.add(image.path, file=file)  # the mirror recovers
-    outs = create(engine, props, made)
-    assert server.count(image.path) == 2
+    lab.server.add(image.path, file=file)  # the mirror recovers
+    outs = lab.create(props)
+    assert lab.server.count(image.path) == 2
     assert outs["digest"] == image.digest and outs["cached"] is False
-    assert sha256_of(testbed.pool_path / volume) == image.digest
-    engine.delete(volume, URN, outs)
+    assert sha256_of(lab.testbed.pool_path / volume) == image.digest
+    lab.delete(outs)
 
 
-def test_base_without_marker_is_fetched_again(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    pool: Any,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    props = inputs(access, image.url, image.digest)
+def test_base_without_marker_is_fetched_again(lab: BaseImageLab) -> None:
+    image = lab.qcow2()
+    props = lab.inputs(image.url, image.digest)
     volume, marker = names_of(props)
-    made.extend((volume, marker))
-    pool.createXML(volume_xml(volume, MIB, "raw"), 0)  # what a crash mid-download leaves
-    log = LogWindow(engine)
-    outs = create(engine, props, made)
+    lab.made.extend((volume, marker))
+    lab.pool.createXML(volume_xml(volume, MIB, "raw"), 0)  # what a crash mid-download leaves
+    log = LogWindow(lab.engine)
+    outs = lab.create(props)
     assert "a base volume without marker (an interrupted download): removing it" in log.text
-    assert server.count(image.path) == 1 and outs["cached"] is False
-    assert sha256_of(testbed.pool_path / volume) == image.digest
-    engine.delete(volume, URN, outs)
+    assert lab.server.count(image.path) == 1 and outs["cached"] is False
+    assert sha256_of(lab.testbed.pool_path / volume) == image.digest
+    lab.delete(outs)
 
 
 def test_marker_that_disagrees_with_the_configured_digest_is_fetched_again(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    pool: Any,
-    made: list[str],
-    tmp_path: Path,
+    lab: BaseImageLab,
 ) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    props = inputs(access, image.url, image.digest)
+    image = lab.qcow2()
+    props = lab.inputs(image.url, image.digest)
     volume, marker = names_of(props)
-    made.extend((volume, marker))
+    lab.made.extend((volume, marker))
     # Same name (16 hex of the digest), another full digest: not this image.
     other = image.digest[:16] + "0" * 48
-    pool.createXML(volume_xml(volume, MIB, "raw"), 0)
-    stale = pool.createXML(volume_xml(marker, 64, "raw"), 0)
-    stream = pool.connect().newStream(0)
+    lab.pool.createXML(volume_xml(volume, MIB, "raw"), 0)
+    stale = lab.pool.createXML(volume_xml(marker, 64, "raw"), 0)
+    stream = lab.pool.connect().newStream(0)
     stale.upload(stream, 0, 64, 0)
     stream.send(other.encode())
     stream.finish()
-    log = LogWindow(engine)
-    outs = create(engine, props, made)
+    log = LogWindow(lab.engine)
+    outs = lab.create(props)
     assert f"the marker says sha256 {other}, the configured sha256 is {image.digest}" in log.text
-    assert server.count(image.path) == 1 and outs["digest"] == image.digest
-    assert (testbed.pool_path / marker).read_text() == image.digest
-    engine.delete(volume, URN, outs)
+    assert lab.server.count(image.path) == 1 and outs["digest"] == image.digest
+    assert (lab.testbed.pool_path / marker).read_text() == image.digest
+    lab.delete(outs)
 
 
-def test_sha256_mismatch_names_both_digests_and_leaves_nothing(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
+def test_sha256_mismatch_names_both_digests_and_leaves_nothing(lab: BaseImageLab) -> None:
+    image = lab.qcow2()
     wrong = hashlib.sha256(os.urandom(16)).hexdigest()
-    props = inputs(access, image.url, wrong)
-    before = pool_files(testbed)
-    error = failure(lambda: create(engine, props, made))
+    props = lab.inputs(image.url, wrong)
+    before = lab.files()
+    error = lab.failure(props)
     assert error.exception_type == "providers.kvm.errors.ImageError"
     assert f"sha256 mismatch: expected {wrong}, got {image.digest}" in error.message
-    assert pool_files(testbed) - before == set()
-    assert not set(names_of(props)) & pool_files(testbed)
+    assert lab.files() - before == set()
+    assert not set(names_of(props)) & lab.files()
 
 
-def test_no_room_in_the_pool_is_refused_before_any_volume(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path), length=2**50)  # a 1 PiB promise
-    props = inputs(access, image.url, image.digest)
-    log = LogWindow(engine)
-    error = failure(lambda: create(engine, props, made))
+def test_no_room_in_the_pool_is_refused_before_any_volume(lab: BaseImageLab) -> None:
+    image = lab.qcow2(length=2**50)  # a 1 PiB promise
+    props = lab.inputs(image.url, image.digest)
+    log = LogWindow(lab.engine)
+    error = lab.failure(props)
     assert error.exception_type == "providers.kvm.errors.CapacityError"
-    assert access.where in error.message
-    assert f"pool {testbed.pool!r} has" in error.message
+    assert lab.access.where in error.message
+    assert f"pool {lab.testbed.pool!r} has" in error.message
     assert "available, base image" in error.message and "needs 1048576.00 GiB" in error.message
     assert log.rpcs().count("virStorageVolCreateXML") == 1  # the lock's only
-    assert not set(names_of(props)) & pool_files(testbed)
+    assert not set(names_of(props)) & lab.files()
 
 
-def test_wrong_content_and_http_errors_are_refused_before_any_volume(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-) -> None:
-    page = server.add(f"/{uuid.uuid4().hex[:8]}/image.qcow2", data=b"<html>moved</html>" * 10)
-    log = LogWindow(engine)
-    error = failure(lambda: create(engine, inputs(access, page), made))
+def test_wrong_content_and_http_errors_are_refused_before_any_volume(lab: BaseImageLab) -> None:
+    page = lab.server.add(f"/{uuid.uuid4().hex[:8]}/image.qcow2", data=b"<html>moved</html>" * 10)
+    log = LogWindow(lab.engine)
+    error = lab.failure(lab.inputs(page))
     assert f"{page} is not a qcow2 image (it starts with b'<html>moved</htm')" in error.message
-    missing = server.url(f"/{uuid.uuid4().hex[:8]}/missing.qcow2")
-    error = failure(lambda: create(engine, inputs(access, missing), made))
+    missing = lab.server.url(f"/{uuid.uuid4().hex[:8]}/missing.qcow2")
+    error = lab.failure(lab.inputs(missing))
     assert error.message.startswith(f"could not fetch {missing}: HTTP 404 Not Found")
     assert log.rpcs().count("virStorageVolCreateXML") == 2  # each create's lock only
-    assert not set(made) & pool_files(testbed)
+    assert not set(lab.made) & lab.files()
 
 
-def test_qcow2_smaller_than_libvirts_own_header_is_refused(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
+def test_qcow2_smaller_than_libvirts_own_header_is_refused(lab: BaseImageLab) -> None:
     # libvirt makes a qcow2 volume with qemu-img create (a ~192 KiB file) and
     # an upload overwrites it without truncating: a smaller image would keep
     # that file's tail, and the bytes on disk would not be the ones hashed.
-    tiny = tmp_path / "tiny.qcow2"
+    tiny = lab.scratch / "tiny.qcow2"
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", str(tiny), "1M"],
         check=True,
     )
-    image = serve(server, tiny)
-    props = inputs(access, image.url)
-    error = failure(lambda: create(engine, props, made))
+    image = lab.serve(tiny)
+    props = lab.inputs(image.url)
+    error = lab.failure(props)
     assert re.search(
         r"after uploading 1\d\d\d: libvirt pre-writes a qcow2 file of \d+ bytes", error.message
     )
-    assert not set(names_of(props)) & pool_files(testbed)
+    assert not set(names_of(props)) & lab.files()
 
 
-def test_failure_at_the_last_step_removes_base_and_marker(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    props = inputs(access, image.url, image.digest, provider=FailingMarkerProvider())
-    error = failure(lambda: create(engine, props, made))
+def test_failure_at_the_last_step_removes_base_and_marker(lab: BaseImageLab) -> None:
+    image = lab.qcow2()
+    props = lab.inputs(image.url, image.digest, provider=FailingMarkerProvider())
+    error = lab.failure(props)
     assert "injected failure after writing the marker" in error.message
-    assert f"base image {props['volume']} in pool {testbed.pool!r}" in error.message
-    assert not set(names_of(props)) & pool_files(testbed)
+    assert f"base image {props['volume']} in pool {lab.testbed.pool!r}" in error.message
+    assert not set(names_of(props)) & lab.files()
 
 
 # -- delete, rotation, refresh ----------------------------------------------------------------
 
 
-def overlay_on(pool: Any, base_path: str, made: list[str]) -> str:
+def overlay_on(lab: BaseImageLab, base_path: str) -> str:
     name = f"baseimage-test-{uuid.uuid4().hex[:8]}.qcow2"
-    made.append(name)
-    pool.createXML(volume_xml(name, 128 * MIB, "qcow2", (base_path, "qcow2")), 0)
+    lab.made.append(name)
+    lab.pool.createXML(volume_xml(name, 128 * MIB, "qcow2", (base_path, "qcow2")), 0)
     return name
 
 
-def test_delete_is_refused_while_an_overlay_backs_onto_the_base(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    pool: Any,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    outs = create(engine, inputs(access, image.url, image.digest), made)
+def test_delete_is_refused_while_an_overlay_backs_onto_the_base(lab: BaseImageLab) -> None:
+    image = lab.qcow2()
+    outs = lab.create(lab.inputs(image.url, image.digest))
     volume, marker = names_of(outs)
-    overlay = overlay_on(pool, outs["path"], made)
-    error = failure(lambda: engine.delete(volume, URN, outs))
+    overlay = overlay_on(lab, outs["path"])
+    error = failure(lambda: lab.delete(outs))
     assert error.exception_type == "providers.kvm.errors.InUseError"
     assert f"base image {volume} ({outs['path']})" in error.message
     assert f"still the backing file of {overlay}" in error.message
-    assert {volume, marker, overlay} <= pool_files(testbed)
+    assert {volume, marker, overlay} <= lab.files()
 
-    pool.storageVolLookupByName(overlay).delete(0)
-    engine.delete(volume, URN, outs)
-    assert not {volume, marker} & pool_files(testbed)
-    engine.delete(volume, URN, outs)  # already gone: fine
+    lab.pool.storageVolLookupByName(overlay).delete(0)
+    lab.delete(outs)
+    assert not {volume, marker} & lab.files()
+    lab.delete(outs)  # already gone: fine
 
 
-def test_a_kept_base_stays_as_a_cache_and_the_next_create_uses_it(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    pool: Any,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    outs = create(engine, inputs(access, image.url, image.digest, keep=True), made)
+def test_a_kept_base_stays_as_a_cache_and_the_next_create_uses_it(lab: BaseImageLab) -> None:
+    image = lab.qcow2()
+    outs = lab.create(lab.inputs(image.url, image.digest, keep=True))
     assert outs["keep"] is True and outs["cached"] is False
-    overlay = overlay_on(pool, outs["path"], made)  # in use or not, a kept base is not touched
-    window = LogWindow(engine)
-    engine.delete(outs["volume"], URN, outs)
-    assert {*names_of(outs), overlay} <= pool_files(testbed)
+    overlay = overlay_on(lab, outs["path"])  # in use or not, a kept base is not touched
+    window = LogWindow(lab.engine)
+    lab.delete(outs)
+    assert {*names_of(outs), overlay} <= lab.files()
     assert "kept in pool" in window.text and "base image deleted" not in window.text
 
     # Turning keep off is an in-place change; the next delete frees the space.
-    off = inputs(access, image.url, image.digest, keep=False)
-    diff = engine.diff(outs["volume"], URN, outs, off)
+    off = lab.inputs(image.url, image.digest, keep=False)
+    diff = lab.engine.diff(outs["volume"], URN, outs, off)
     assert diff.action == "update" and diff.replaces == []
-    pool.storageVolLookupByName(overlay).delete(0)
-    again = create(engine, off, made)
+    lab.pool.storageVolLookupByName(overlay).delete(0)
+    again = lab.create(off)
     assert again["cached"] is True and again["path"] == outs["path"]
-    engine.delete(again["volume"], URN, again)
-    assert not set(names_of(outs)) & pool_files(testbed)
+    lab.delete(again)
+    assert not set(names_of(outs)) & lab.files()
 
 
 def test_keep_must_be_a_boolean(engine: ProviderProcess, access: HostAccess) -> None:
@@ -468,51 +364,37 @@ def test_keep_must_be_a_boolean(engine: ProviderProcess, access: HostAccess) -> 
     assert checked.failures == [("keep", "must be true or false, got 'yes'")]
 
 
-def test_rotation_keeps_the_old_base_until_its_overlays_are_gone(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    pool: Any,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    old_image = serve(server, random_qcow2(tmp_path))
-    old = create(engine, inputs(access, old_image.url, old_image.digest), made)
-    overlays = [overlay_on(pool, old["path"], made) for _ in range(2)]
+def test_rotation_keeps_the_old_base_until_its_overlays_are_gone(lab: BaseImageLab) -> None:
+    old_image = lab.qcow2()
+    old = lab.create(lab.inputs(old_image.url, old_image.digest))
+    overlays = [overlay_on(lab, old["path"]) for _ in range(2)]
 
-    new_image = serve(server, random_qcow2(tmp_path))
-    new_inputs = inputs(access, new_image.url, new_image.digest)
-    diff = engine.diff(old["volume"], URN, old, new_inputs)
+    new_image = lab.qcow2()
+    new_inputs = lab.inputs(new_image.url, new_image.digest)
+    diff = lab.engine.diff(old["volume"], URN, old, new_inputs)
     assert diff.action == "replace" and not diff.delete_before_replace
     assert set(diff.replaces) == {"url", "sha256", "volume", "marker"}
-    new = create(engine, new_inputs, made)
+    new = lab.create(new_inputs)
     assert new["volume"] != old["volume"]
-    assert {*names_of(old), *names_of(new), *overlays} <= pool_files(testbed)
+    assert {*names_of(old), *names_of(new), *overlays} <= lab.files()
 
     # The engine deletes the old base after the overlays moved; here they have not.
-    error = failure(lambda: engine.delete(old["volume"], URN, old))
+    error = failure(lambda: lab.delete(old))
     assert f"still the backing file of {', '.join(sorted(overlays))}" in error.message
-    pool.storageVolLookupByName(overlays[0]).delete(0)
-    error = failure(lambda: engine.delete(old["volume"], URN, old))
+    lab.pool.storageVolLookupByName(overlays[0]).delete(0)
+    error = failure(lambda: lab.delete(old))
     assert f"still the backing file of {overlays[1]};" in error.message
-    pool.storageVolLookupByName(overlays[1]).delete(0)
-    engine.delete(old["volume"], URN, old)
-    files = pool_files(testbed)
+    lab.pool.storageVolLookupByName(overlays[1]).delete(0)
+    lab.delete(old)
+    files = lab.files()
     assert not set(names_of(old)) & files and set(names_of(new)) <= files
-    engine.delete(new["volume"], URN, new)
+    lab.delete(new)
 
 
-def test_refresh_reports_a_base_deleted_out_of_band_as_gone(
-    engine: ProviderProcess,
-    server: FileServer,
-    testbed: Testbed,
-    access: HostAccess,
-    made: list[str],
-    tmp_path: Path,
-) -> None:
-    image = serve(server, random_qcow2(tmp_path))
-    outs = create(engine, inputs(access, image.url, image.digest), made)
+def test_refresh_reports_a_base_deleted_out_of_band_as_gone(lab: BaseImageLab) -> None:
+    testbed, engine = lab.testbed, lab.engine
+    image = lab.qcow2()
+    outs = lab.create(lab.inputs(image.url, image.digest))
     volume, marker = names_of(outs)
     read = engine.read(volume, URN, outs)
     assert read.id == volume and read.properties["path"] == outs["path"]
@@ -522,7 +404,7 @@ def test_refresh_reports_a_base_deleted_out_of_band_as_gone(
     assert testbed.virsh("vol-delete", "--pool", testbed.pool, volume).returncode == 0
     gone = engine.read(volume, URN, outs)
     assert gone.id == "" and set(gone.properties) <= {"__provider"}
-    engine.delete(volume, URN, outs)  # already gone: fine
+    lab.delete(outs)  # already gone: fine
 
 
 # -- check and diff ---------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import bcrypt
 import pytest
 
@@ -11,12 +9,6 @@ from proxyinfra.credentials import ProxyCredentialsProvider
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
 
 URN = make_urn("home-0-credentials")
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as process:
-        yield process
 
 
 def inputs(username: str) -> dict[str, object]:

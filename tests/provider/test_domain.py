@@ -22,19 +22,6 @@ pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProviderProcess]:
-    with ProviderProcess(env={"EGRESS_PROXIES_LOG": "debug"}) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def local() -> Iterator[libvirt.virConnect]:
-    conn = libvirt.open("qemu:///system")
-    yield conn
-    conn.close()
-
-
 @dataclass
 class Disks:
     proxy: str
@@ -43,9 +30,8 @@ class Disks:
 
 
 @pytest.fixture
-def disks(testbed: Testbed, local: libvirt.virConnect) -> Iterator[Disks]:
+def disks(local: libvirt.virConnect, pool: Any) -> Iterator[Disks]:
     """A base from the tiny image, an overlay on it and a blank seed, made directly."""
-    pool = local.storagePoolLookupByName(testbed.pool)
     image = tiny_image()
     tag = uuid.uuid4().hex[:8]
     pid = proxy_id("egress-proxies", "domain-test", tag)

@@ -41,20 +41,6 @@ class FailingAfterCreateProvider(OverlayProvider):
         raise RuntimeError("injected failure after the volume was created")
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProviderProcess]:
-    with ProviderProcess(env={"EGRESS_PROXIES_LOG": "debug"}) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def pool(testbed: Testbed) -> Iterator[Any]:
-    """The testbed pool through the local socket, as root: set-up and checks."""
-    conn = libvirt.open("qemu:///system")
-    yield conn.storagePoolLookupByName(testbed.pool)
-    conn.close()
-
-
 @dataclass
 class Case:
     name: str  # the overlay's volume name

@@ -30,7 +30,8 @@ from tests.harness.engine import (
 from tests.harness.program import run_program
 from tests.support.testbed import Testbed, access_for, load_testbed
 
-pytestmark = pytest.mark.integration
+# The most verbose level: volume XML and listings are logged, documents never.
+pytestmark = [pytest.mark.integration, pytest.mark.provider_engine(log="2")]
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
 
 # Appears in user-data only; it must never reach a log line or an error.
@@ -48,21 +49,6 @@ class FailingUploadProvider(SeedIsoProvider):
             raise ConnectionError("injected: connection lost mid-upload")
 
         upload(conn, vol, chunks(), len(image))
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ProviderProcess]:
-    # The most verbose level: volume XML and listings are logged, documents never.
-    with ProviderProcess(env={"EGRESS_PROXIES_LOG": "2"}) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def pool(testbed: Testbed) -> Iterator[Any]:
-    """The testbed pool through the local socket, as root: set-up and checks."""
-    conn = libvirt.open("qemu:///system")
-    yield conn.storagePoolLookupByName(testbed.pool)
-    conn.close()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """BaseImage through the provider process on the testbed: images served on
 loopback, inputs built, a create made, and the provider's log read from a
-point on (tests/provider/test_baseimage*.py)."""
+point on (tests/provider/test_baseimage*.py); `BaseImageLab` holds all of it
+for one test."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from providers.kvm.access import HostAccess
 from providers.kvm.baseimage import BaseImageArgs, BaseImageProvider
 from providers.kvm.volumes import MIB
-from tests.harness.engine import ProviderProcess, make_urn, provider_inputs
+from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
 from tests.support.http import FileServer
+from tests.support.testbed import Testbed
 
 URN = make_urn("testbed-image")
 
@@ -104,3 +108,50 @@ class LogWindow:
     def rpcs(self) -> list[str]:
         """One name per libvirt RPC (the trace's lines)."""
         return re.findall(r" kvm\.libvirt (vir\w+)", self.text)
+
+
+@dataclass(frozen=True)
+class BaseImageLab:
+    """What a BaseImage test works with (the `lab` fixture of tests/provider):
+    the module's provider process, the image server, the testbed, how the
+    provider reaches it, its pool as root, the volumes to remove if the test
+    fails half way (every create records its two), and a scratch directory."""
+
+    engine: ProviderProcess
+    server: FileServer
+    testbed: Testbed
+    access: HostAccess
+    pool: Any
+    made: list[str]
+    scratch: Path
+
+    def serve(self, file: Path, **options: Any) -> Served:
+        return serve(self.server, file, **options)
+
+    def qcow2(self, **options: Any) -> Served:
+        """A new random qcow2 image, served with the server's OPTIONS."""
+        return self.serve(random_qcow2(self.scratch), **options)
+
+    def raw(self, mib: int, **options: Any) -> Served:
+        return self.serve(random_raw(self.scratch, mib), **options)
+
+    def inputs(
+        self, url: str, sha256: str | None = None, fmt: str = "qcow2", **overrides: Any
+    ) -> dict[str, Any]:
+        return inputs(self.access, url, sha256, fmt, **overrides)
+
+    def create(self, props: dict[str, Any]) -> dict[str, Any]:
+        return create(self.engine, props, self.made)
+
+    def failure(self, props: dict[str, Any]) -> ProviderError:
+        """The error of a create that must fail."""
+        with pytest.raises(ProviderError) as info:
+            self.create(props)
+        return info.value
+
+    def delete(self, outs: dict[str, Any]) -> None:
+        self.engine.delete(outs["volume"], URN, outs)
+
+    def files(self) -> set[str]:
+        """What is really in the pool's directory on the host."""
+        return set(os.listdir(self.testbed.pool_path))
