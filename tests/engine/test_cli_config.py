@@ -56,29 +56,15 @@ def test_preview_lists_every_config_mistake_at_once_and_registers_nothing(
 def test_preview_of_gcp_and_kubernetes_without_their_plugins_names_them(
     tmp_path: Path,
 ) -> None:
-    config = {
-        "providers": [
-            {
-                "name": "gcp-eu",
-                "type": "gcp",
-                "gcp": {"project": "crawl-1", "region": "europe-west1"},
-            },
-            {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
-        ],
-        "proxies": [
-            {
-                "name": "eu",
-                "provider": "gcp-eu",
-                "placement": {
-                    "zone": "europe-west1-b",
-                    "machineType": "e2-small",
-                    "image": "debian-12",
-                },
-            },
-            {"name": "pods", "provider": "cluster"},
-        ],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-    }
+    providers = [
+        {"name": "gcp-eu", "type": "gcp", "gcp": {"project": "crawl-1", "region": "europe-west1"}},
+        {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
+    ]
+    proxies = [
+        proxy("eu", "gcp-eu", where=placement("e2-small", "debian-12", zone="europe-west1-b")),
+        proxy("pods", "cluster"),
+    ]
+    config = stack_config(providers, proxies)
     stack = CliStack(tmp_path / "project", "clouds", config)
     done = stack.run("preview", timeout=300)
     assert done.returncode != 0

@@ -46,6 +46,7 @@ from tests.support.squid import (
     proxy_connect,
     squid_parse,
 )
+from tests.support.stack_config import placement, proxy, squid, stack_config
 
 pytestmark = pytest.mark.integration
 
@@ -54,12 +55,13 @@ SHELLCHECK = shutil.which("shellcheck")
 SQUID_USER = "proxy"
 # A lab squid block: loopback clients and targets, so a local echo server can
 # stand in for a site. 127.0.0.2 is loopback too, but not an allowed client.
-SQUID_BLOCK: dict[str, Any] = {
-    "allowedClients": ["127.0.0.1/32", "10.0.0.0/8"],
-    "connectPorts": ["1025-65535"],
-    "blockedDestinations": [],
-    "auth": {"username": "crawler"},
-}
+SQUID_BLOCK = squid(
+    "127.0.0.1/32",
+    "10.0.0.0/8",
+    connect_ports=["1025-65535"],
+    blocked_destinations=[],
+    username="crawler",
+)
 OWN_USER_DATA = "#cloud-config\npackages: [curl]\nruncmd: [[touch, /run/own-user-data]]\n"
 
 
@@ -73,27 +75,16 @@ def config() -> dict[str, Any]:
             "ubuntu": UBUNTU,
         },
     }
-    return {
-        "providers": [
-            {"name": "gcp", "type": "gcp", "gcp": gcp},
-            {"name": "cluster", "type": "kubernetes", "kubernetes": {}},
-        ],
-        "proxies": [
-            {
-                "name": "vm",
-                "provider": "gcp",
-                "placement": {"machineType": "e2-micro", "image": "debian"},
-            },
-            {
-                "name": "ubuntu",
-                "provider": "gcp",
-                "placement": {"machineType": "e2-micro", "image": "ubuntu"},
-                "userData": OWN_USER_DATA,
-            },
-            {"name": "pod", "provider": "cluster"},
-        ],
-        "squid": SQUID_BLOCK,
-    }
+    providers = [
+        {"name": "gcp", "type": "gcp", "gcp": gcp},
+        {"name": "cluster", "type": "kubernetes", "kubernetes": {}},
+    ]
+    proxies = [
+        proxy("vm", "gcp", where=placement("e2-micro", "debian")),
+        proxy("ubuntu", "gcp", where=placement("e2-micro", "ubuntu"), user_data=OWN_USER_DATA),
+        proxy("pod", "cluster"),
+    ]
+    return stack_config(providers, proxies, SQUID_BLOCK)
 
 
 @dataclasses.dataclass(frozen=True)

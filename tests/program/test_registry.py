@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.program import run_program
+from tests.support.stack_config import placement, proxy, stack_config
 
 FAKE_BACKEND = """
 from __future__ import annotations
@@ -90,12 +91,9 @@ def fake_package(tmp_path: Path) -> Path:
 
 
 def config(region: str, zone: str | None = None) -> dict[str, object]:
-    placement = {"zone": zone} if zone else {}
-    return {
-        "providers": [{"name": "fc", "type": "fakecloud", "fakecloud": {"region": region}}],
-        "proxies": [{"name": "f", "provider": "fc", "replicas": 2, "placement": placement}],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-    }
+    fakecloud = {"name": "fc", "type": "fakecloud", "fakecloud": {"region": region}}
+    where = placement(None, None, zone=zone)
+    return stack_config([fakecloud], [proxy("f", "fc", replicas=2, where=where)])
 
 
 def test_a_fifth_backend_in_its_own_package_deploys_and_is_in_the_manifest(

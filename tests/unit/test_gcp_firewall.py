@@ -15,6 +15,7 @@ import pytest
 from providers.gcp.config import GcpProviderEntry
 from providers.gcp.firewall import firewall_rules
 from proxyinfra.config import Squid
+from tests.support.stack_config import squid as squid_block
 
 PROVIDER = GcpProviderEntry.model_validate(
     {"name": "gcp-eu", "type": "gcp", "gcp": {"project": "crawl-proj-1", "region": "europe-west1"}}
@@ -33,6 +34,6 @@ NO_PROVIDER = cast(gcp.Provider, None)
     ],
 )
 def test_a_rule_admitting_everyone_is_refused_without_the_opt_in(allowed: list[str]) -> None:
-    squid = Squid.model_validate({"allowedClients": allowed})
+    squid = Squid.model_validate(squid_block(*allowed))
     with pytest.raises(ValueError, match="admits everyone without allowOpenProxyToTheInternet"):
         firewall_rules(PROVIDER, squid, "egress-proxies-dev-gcp-eu", NO_PROVIDER)

@@ -270,14 +270,10 @@ def cloud_config() -> dict[str, Any]:
         {"name": "cluster", "type": "kubernetes", "kubernetes": {"namespace": "egress"}},
     ]
     raw["proxies"] += [
-        {
-            "name": "eu",
-            "provider": "gcp-eu",
-            "replicas": 2,
-            "placement": {"machineType": "e2-small", "image": "debian"},
-            "labels": {"site": "eu"},
-        },
-        {"name": "pods", "provider": "cluster", "labels": {"site": "Cluster.A"}},
+        proxy(
+            "eu", "gcp-eu", replicas=2, where=placement("e2-small", "debian"), labels={"site": "eu"}
+        ),
+        proxy("pods", "cluster", labels={"site": "Cluster.A"}),
     ]
     return raw
 
