@@ -181,6 +181,7 @@ def test_a_checkout_postgres_cannot_reach_keeps_its_server_in_var_tmp(tmp_path: 
     scripts.mkdir(parents=True)
     for name in ("postgres", "install-packages", "postgres-packages.txt"):
         shutil.copy2(ROOT / "scripts" / name, scripts / name)
+    shutil.copytree(ROOT / "scripts" / "lib", scripts / "lib")
     server = PostgresServer(pick_port(), script=scripts / "postgres")
     link = private / "checkout" / ".cache" / "postgres" / str(server.port)
     target = None

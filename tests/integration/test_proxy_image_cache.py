@@ -60,6 +60,7 @@ def test_cached_until_the_recipe_changes(tmp_path: Path) -> None:
     shutil.copy2(PACKAGE_LIST, package_list)
     cloud_cfg = scripts / CLOUD_CFG.name
     shutil.copy2(CLOUD_CFG, cloud_cfg)
+    shutil.copytree(SCRIPT.parent / "lib", scripts / "lib")  # what the script sources
     out = tmp_path / "images"
     out.mkdir()
     for path in outputs:

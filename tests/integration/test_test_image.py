@@ -187,6 +187,7 @@ def test_rebuilds_on_a_recipe_change_with_the_same_bytes(image: Image, tmp_path:
     script = scripts / SCRIPT.name
     shutil.copy2(SCRIPT, script)
     shutil.copy2(PACKAGE_LIST, scripts / PACKAGE_LIST.name)
+    shutil.copytree(SCRIPT.parent / "lib", scripts / "lib")  # what the script sources
     out = tmp_path / "images"
     # The kernel package the cached build downloaded, so as not to fetch 70 MB
     # again (a build without it downloads it; only slower).
