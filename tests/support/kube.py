@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.support.shared_use import shared_use
+from tests.support.stack_config import proxy, squid, stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube"
@@ -153,28 +154,24 @@ def kube_stack_config(
     the manifest names each Service by its cluster IP (kube-proxy routes it
     here), squid admits this machine's address to the pods, and the page the
     tests fetch is on this machine (a private address squid refuses by default)."""
-    return {
-        "providers": [
-            {
-                "name": provider,
-                "type": "kubernetes",
-                "kubernetes": {
-                    "kubeconfig": str(cluster.kubeconfig),
-                    "namespace": namespace,
-                    "createNamespace": create_namespace,
-                    "image": cluster.squid_image,
-                    "manifestAddress": "clusterIP",
-                    "clientNamespaces": ["crawlers"],
-                    "cpuRequest": "10m",
-                    "memoryRequest": "32Mi",
-                },
-            }
-        ],
-        "proxies": [{"name": "pods", "provider": provider, "replicas": replicas}],
-        "squid": {
-            "allowedClients": [cluster.client_cidr],
-            "connectPorts": ["443", "1024-65535"],
-            "blockedDestinations": [],
-            "auth": {"username": "crawler"},
+    entry = {
+        "name": provider,
+        "type": "kubernetes",
+        "kubernetes": {
+            "kubeconfig": str(cluster.kubeconfig),
+            "namespace": namespace,
+            "createNamespace": create_namespace,
+            "image": cluster.squid_image,
+            "manifestAddress": "clusterIP",
+            "clientNamespaces": ["crawlers"],
+            "cpuRequest": "10m",
+            "memoryRequest": "32Mi",
         },
     }
+    block = squid(
+        cluster.client_cidr,
+        connect_ports=["443", "1024-65535"],
+        blocked_destinations=[],
+        username="crawler",
+    )
+    return stack_config([entry], [proxy("pods", provider, replicas=replicas)], block)

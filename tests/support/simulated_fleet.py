@@ -8,37 +8,30 @@ from pathlib import Path
 from typing import Any
 
 from providers.kvm.simulated import SIMULATED_HOSTS_ENV
+from tests.support.stack_config import (
+    host,
+    image,
+    key_files,
+    kvm_provider,
+    placement,
+    proxy,
+    stack_config,
+)
 
 
 def fleet_config(proxies: int, hosts: int, where: Path, image_url: str) -> dict[str, Any]:
     """N kvm proxies, one per host in turn, over HOSTS hosts at documentation
     addresses (the SSH key is never read: nothing reaches them)."""
-    key, known = where / "key", where / "known"
-    key.write_text("not used: simulated hosts are reached without SSH\n")
-    known.write_text("")
-    kvm = {
-        "sshKeyFile": str(key),
-        "knownHostsFile": str(known),
-        "images": {"d": {"url": image_url}},
-        "machineTypes": {"s": {"vcpus": 1, "memoryMiB": 512}},
-        "ipTimeoutSeconds": 30,
-        "hosts": [
-            {"name": f"nas{h}", "address": f"192.0.2.{h + 1}:22", "user": "virt", "network": "n"}
-            for h in range(hosts)
-        ],
-    }
-    return {
-        "providers": [{"name": "home", "type": "kvm", "kvm": kvm}],
-        "squid": {"allowedClients": ["10.0.0.0/8"]},
-        "proxies": [
-            {
-                "name": f"p{i}",
-                "provider": "home",
-                "placement": {"zone": f"nas{i % hosts}", "machineType": "s", "image": "d"},
-            }
-            for i in range(proxies)
-        ],
-    }
+    provider = kvm_provider(
+        *key_files(where),
+        hosts=[host(f"nas{h}", f"192.0.2.{h + 1}:22") for h in range(hosts)],
+        images={"d": image(image_url)},
+        ip_timeout=30,
+    )
+    return stack_config(
+        [provider],
+        [proxy(f"p{i}", "home", where=placement(zone=f"nas{i % hosts}")) for i in range(proxies)],
+    )
 
 
 def simulated_env(directory: Path) -> dict[str, str]:

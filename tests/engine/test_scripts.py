@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.support.discovery import all_healthy, free_port, wait_for
+from tests.support.pulumi_cli import PULUMI
 from tests.support.squid import RunningSquid, loopback_settings, start_squid
 from tests.support.testbed import Testbed
 
@@ -38,9 +39,8 @@ def remove_stack(stack: str) -> None:
         PULUMI_BACKEND_URL=f"file://{ROOT / '.pulumi-state'}",
         PULUMI_CONFIG_PASSPHRASE_FILE=str(ROOT / ".pulumi-state" / "passphrase"),
     )
-    pulumi = str(ROOT / ".venv" / "bin" / "pulumi")
     subprocess.run(
-        [pulumi, "stack", "rm", stack, "--yes", "--force", "--preserve-config"],
+        [str(PULUMI), "stack", "rm", stack, "--yes", "--force", "--preserve-config"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -193,9 +193,10 @@ def fresh_clone(where: Path) -> Path:
     git(clone, *author, "commit", "-q", "-m", "the checkout as it is")
     venv = clone / ".venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
     site = subprocess.run(
         [
-            str(venv / "bin" / "python"),
+            str(python),
             "-c",
             "import sysconfig; print(sysconfig.get_paths()['purelib'])",
         ],
@@ -216,7 +217,7 @@ def fresh_clone(where: Path) -> Path:
         cwd=clone,
         check=True,
     )
-    (venv / "bin" / "pulumi").symlink_to((ROOT / ".venv" / "bin" / "pulumi").resolve())
+    (venv / "bin" / "pulumi").symlink_to(PULUMI.resolve())
     (clone / ".testbed").mkdir()
     (clone / ".testbed" / "env").symlink_to(ROOT / ".testbed" / "env")
     return clone
