@@ -3,15 +3,17 @@ processes (pytest-xdist, as scripts/test runs it: `-n N`).
 
 Tests that share one machine-wide thing run one after another in one worker,
 in a group named for it: those on the libvirt testbed (they boot TCG guests,
-and some kill the testbed's sshd or libvirtd), those on the Kubernetes
-cluster (one of them takes the cluster down and up), and those that build the
-client's wheel once. Every other test may run in any worker, beside them: the
-CPU-bound tests fill the core a booting guest leaves idle. The largest groups
-start first (pytest-xdist's scope scheduling orders work by size).
+and some kill the testbed's sshd or libvirtd: two groups, the second for the
+longest modules, sharing the testbed but for `testbed_alone` tests), those on
+the Kubernetes cluster (one of them takes the cluster down and up), and those
+that build the client's wheel once. Every other module may run in any worker
+(its tests together, in order), beside them: the CPU-bound tests fill the core
+a booting guest leaves idle. The groups start first, the longest first.
 
-Within each worker the order is the one a serial run has: the tests of the
-real Pulumi CLI after the others, and those on the cluster last, so that on a
-new machine everything else runs while the background builds finish.
+Within a group, and among the modules, the order is the one a serial run
+has: the tests of the real Pulumi CLI after the others, and those on the
+cluster last, so that on a new machine everything else runs while the
+background builds finish.
 
 The groups travel from the workers, which know each test's fixtures, to the
 controller, which only sees node ids, through one JSON file per run; a
@@ -40,9 +42,12 @@ CLI_MARK = "pulumi_cli"
 ALONE_MARK = "testbed_alone"
 GROUPS_KEY = "egress_proxies_groups"
 
-# The modules that boot whole Debian guests (minutes of TCG each) run in a
-# second testbed worker, beside the rest of the testbed's tests.
-GUEST_MODULES = frozenset({"test_stock_image.py", "test_end_to_end.py"})
+# The testbed's tests in two workers of about equal length: these modules
+# (whole Debian guests booted under TCG, minutes each; a run killed and
+# recovered six times, 3.5 minutes) in the second, beside all the others.
+SECOND_TESTBED_MODULES = frozenset(
+    {"test_stock_image.py", "test_end_to_end.py", "test_cli_interrupted.py"}
+)
 
 # Group name -> the fixtures that put a test in it (first match wins).
 GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -58,8 +63,8 @@ def group_of(item: pytest.Item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     for group, fixtures in GROUPS:
         if names & fixtures:
-            if group == "testbed" and item.path.name in GUEST_MODULES:
-                return "testbed-guests"
+            if group == "testbed" and item.path.name in SECOND_TESTBED_MODULES:
+                return "testbed-2"
             return group
     return None
 
@@ -86,14 +91,21 @@ def order_key(item: pytest.Item) -> tuple[bool, bool]:
     )
 
 
+# Under workers, the groups first, the longest first: each starts on a worker
+# of its own at once, and the modules fill the workers around them.
+GROUP_RANK = {"testbed-2": 0, "testbed": 1, "kube": 2, "client-wheel": 3}
+
+
 def plan(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Sorts ITEMS (stable); in a worker, writes each grouped test's group
-    where the controller's scheduler reads it."""
-    items.sort(key=order_key)
+    """Sorts ITEMS (stable); in a worker, puts the groups first and writes
+    each grouped test's group where the controller's scheduler reads it."""
     where = getattr(config, "workerinput", {}).get(GROUPS_KEY)
     if where is None:
+        items.sort(key=order_key)
         return
-    groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
+    group = {item.nodeid: group_of(item) for item in items}
+    items.sort(key=lambda item: (GROUP_RANK.get(group[item.nodeid] or "", 99), order_key(item)))
+    groups = {nodeid: name for nodeid, name in group.items() if name is not None}
     # Every worker collects the same tests: each writes the same map, whole.
     fd, temporary = tempfile.mkstemp(dir=Path(where).parent)
     with os.fdopen(fd, "w") as out:
@@ -102,10 +114,13 @@ def plan(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 class GroupScheduling(LoadScopeScheduling):
-    """pytest-xdist's scope scheduling with a test's scope its group, if it has one."""
+    """pytest-xdist's scope scheduling with a test's scope its group, if it
+    has one, else its module."""
 
     def __init__(self, config: pytest.Config, log: Any = None, *, groups: Path) -> None:
         super().__init__(config, log)
+        # Work in the order the workers sorted it (GROUP_RANK), not by size.
+        config.option.loadscopereorder = False
         self._groups_file = groups
         self._groups: dict[str, str] | None = None
 
@@ -113,7 +128,9 @@ class GroupScheduling(LoadScopeScheduling):
         if self._groups is None:  # first asked once every worker has collected
             self._groups = json.loads(self._groups_file.read_text())
         group = self._groups.get(nodeid)
-        return f"group:{group}" if group is not None else nodeid
+        # A module's tests stay together otherwise: they share module
+        # fixtures (made once), and some build on the one before.
+        return f"group:{group}" if group is not None else nodeid.split("::", 1)[0]
 
 
 class Distribution:

@@ -189,8 +189,12 @@ def test_under_workers_the_tests_of_one_machine_wide_thing_share_a_worker_in_ord
         + "".join(f"def test_pods_{i}(): pass\n" for i in range(3))
     )
     unit = "".join(f"def test_unit_{i}(): pass\n" for i in range(12))
-    result = distributed(pytester, {"test_bed": bed, "test_kube": kube, "test_unit": unit}, 3)
-    result.assert_outcomes(passed=21)
+    # Modules with more tests than the groups: scope scheduling by size would
+    # start them before the groups.
+    others = {f"test_more_{m}": unit.replace("unit", f"more{m}") for m in range(3)}
+    files = {"test_bed": bed, "test_kube": kube, "test_unit": unit, **others}
+    result = distributed(pytester, files, 3)
+    result.assert_outcomes(passed=57)
     where = ran_where(result)
     holding = {
         prefix: {gw for gw, tests in where.items() if any(prefix in t for t in tests)}
@@ -198,10 +202,20 @@ def test_under_workers_the_tests_of_one_machine_wide_thing_share_a_worker_in_ord
     }
     assert all(len(workers) == 1 for workers in holding.values()), where
     [bed_worker] = holding["test_bed.py"]
+    [kube_worker] = holding["test_kube.py"]
+    assert where[bed_worker][0].startswith("test_bed.py"), where  # the groups first
+    assert where[kube_worker][0].startswith("test_kube.py"), where
     in_bed = [t for t in where[bed_worker] if t.startswith("test_bed.py")]
     assert in_bed[-1] == "test_bed.py::test_bed_cli", in_bed  # the CLI's test last
     assert len(in_bed) == 6
-    assert sum(t.startswith("test_unit.py") for tests in where.values() for t in tests) == 12
+    # A module without a group stays together too, in its order (its tests
+    # share module fixtures, and some build on the one before).
+    [unit_tests] = [
+        [t for t in tests if t.startswith("test_unit.py")]
+        for tests in where.values()
+        if any(t.startswith("test_unit.py") for t in tests)
+    ]
+    assert unit_tests == [f"test_unit.py::test_unit_{i}" for i in range(12)]
 
 
 def test_a_program_a_worker_ran_unregistered_fails_the_whole_run(
