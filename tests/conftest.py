@@ -14,7 +14,14 @@ import pytest
 from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
 from tests.support.kube import kube_cluster  # noqa: F401  (session fixture: scripts/kube up)
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
-from tests.support.suite_order import CLI_MARK, KUBE_MARK, distribute, plan, testbed_turn
+from tests.support.suite_order import (
+    CLI_MARK,
+    KUBE_MARK,
+    distribute,
+    plan,
+    testbed_turn,
+    timed,
+)
 from tests.support.testbed import (  # noqa: F401  (fixtures: the libvirt testbed, a connection to it)
     testbed,
     testbed_conn,
@@ -97,7 +104,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None]:
         if item.get_closest_marker(mark) is not None:
             gate.wait(item.config)
     # So is the wait for the testbed's turn (another worker's test on it).
-    with testbed_turn(item):
+    with testbed_turn(item), timed(item):
         yield
 
 

@@ -9,6 +9,7 @@ it takes the cluster down, then up and down again."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -26,19 +27,32 @@ STATE = ROOT / ".kube"
 OWNER_FILE = Path("/run/egress-proxies-kube.owner")
 
 
+# What the libvirt testbed owns: its bridge, its guests' tap links, libvirt's
+# iptables chains, the guests' cgroups. The testbed's tests change them in
+# another worker meanwhile; the cluster's `down` answers for the rest.
+TESTBED_BRIDGE = re.search(r"^BRIDGE=(\S+)", (ROOT / "scripts" / "testbed").read_text(), re.M)
+TESTBEDS = (TESTBED_BRIDGE[1] if TESTBED_BRIDGE else "virbr-egtb", "vnet", "LIBVIRT_", "machine")
+
+
+def _ours(lines: list[str]) -> list[str]:
+    return sorted(line for line in lines if not any(mark in line for mark in TESTBEDS))
+
+
 def _lines(*argv: str) -> list[str]:
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return sorted(done.stdout.splitlines())
+    return _ours(done.stdout.splitlines())
 
 
 def machine() -> dict[str, object]:
     """What up changes outside .kube/ and down must put back."""
-    cgroups = sorted(
-        str(d)
-        for root in Path("/sys/fs/cgroup").iterdir()
-        if root.is_dir()
-        for d in root.iterdir()
-        if d.is_dir()
+    cgroups = _ours(
+        [
+            str(d)
+            for root in Path("/sys/fs/cgroup").iterdir()
+            if root.is_dir()
+            for d in root.iterdir()
+            if d.is_dir()
+        ]
     )
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     return {
@@ -47,7 +61,7 @@ def machine() -> dict[str, object]:
         "nat": _lines("iptables", "-t", "nat", "-S"),
         "filter": _lines("iptables", "-t", "filter", "-S"),
         "netns": sorted(p.name for p in Path("/run/netns").glob("*")),
-        "mounts": sorted(mounts),
+        "mounts": _ours(mounts),
         "cgroups": cgroups,
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text(),
         "run_containerd": Path("/run/containerd").exists(),

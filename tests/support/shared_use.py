@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# The suite's own tests of these locks point them elsewhere.
-LOCKS = Path(os.environ.get("EGRESS_PROXIES_SUITE_LOCKS", ROOT / ".cache" / "shared-use"))
+# The run's locks (and its timeline, tests/support/suite_order.py); the
+# suite's own tests of them point them elsewhere.
+LOCKS = Path(os.environ.get("EGRESS_PROXIES_SUITE_STATE", ROOT / ".cache" / "suite"))
 
 
 def run_id() -> str:

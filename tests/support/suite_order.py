@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from tests.support.shared_use import LOCKS, locked
 CLI_MARK = "pulumi_cli"
 ALONE_MARK = "testbed_alone"
 GROUPS_KEY = "egress_proxies_groups"
+# Each test's worker, start and end (seconds since the epoch), per run.
+TIMELINE = LOCKS / "timeline.tsv"
 
 # The testbed's tests in two workers of about equal length: these modules
 # (whole Debian guests booted under TCG, minutes each; a run killed and
@@ -140,6 +143,25 @@ class Distribution:
     def __init__(self) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="suite-groups-")
         self.groups = Path(self._directory.name) / "groups.json"
+        TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+        TIMELINE.write_text("worker\tstart\tend\ttest\n")
+        self.started = time.time()
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """When each worker ran its last test, and how busy it was: what to
+        rebalance when the suite grows (the whole timeline: TIMELINE)."""
+        ended: dict[str, float] = {}
+        busy: dict[str, float] = {}
+        for line in TIMELINE.read_text().splitlines()[1:]:
+            worker, start, end, _ = line.split("\t", 3)
+            ended[worker] = max(ended.get(worker, 0.0), float(end) - self.started)
+            busy[worker] = busy.get(worker, 0.0) + float(end) - float(start)
+        if ended:
+            parts = [
+                f"{w} {ended[w] / 60:.1f} min ({busy[w] / 60:.1f} in tests)" for w in sorted(ended)
+            ]
+            terminalreporter.write_line("workers' last test ended at: " + ", ".join(parts))
 
     @pytest.hookimpl
     def pytest_configure_node(self, node: Any) -> None:
@@ -152,6 +174,20 @@ class Distribution:
     @pytest.hookimpl
     def pytest_unconfigure(self) -> None:
         self._directory.cleanup()
+
+
+@contextlib.contextmanager
+def timed(item: pytest.Item) -> Iterator[None]:
+    """In a worker, appends ITEM's start and end to the run's TIMELINE."""
+    worker = getattr(item.config, "workerinput", {}).get("workerid")
+    started = time.time()
+    try:
+        yield
+    finally:
+        if worker is not None:
+            with TIMELINE.open("a") as out:
+                fcntl.flock(out, fcntl.LOCK_EX)
+                out.write(f"{worker}\t{started:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
 
 
 def distribute(config: pytest.Config) -> None:

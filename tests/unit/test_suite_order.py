@@ -158,6 +158,8 @@ def distributed(pytester: pytest.Pytester, files: dict[str, str], workers: int) 
         patch.setenv("HOME", HOME)
         patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")
         patch.setenv("EGRESS_PROXIES_KUBE_GATE", "true")
+        # Its locks and timeline of its own, not the running suite's.
+        patch.setenv("EGRESS_PROXIES_SUITE_STATE", str(pytester.path / "suite-state"))
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-n", str(workers))
 
 
@@ -204,6 +206,10 @@ def test_under_workers_the_tests_of_one_machine_wide_thing_share_a_worker_in_ord
     [bed_worker] = holding["test_bed.py"]
     [kube_worker] = holding["test_kube.py"]
     assert where[bed_worker][0].startswith("test_bed.py"), where  # the groups first
+    # Each worker's end, for rebalancing, from the run's own timeline.
+    result.stdout.fnmatch_lines(["workers' last test ended at: gw0 * min (* in tests), gw1 *"])
+    timeline = (pytester.path / "suite-state" / "timeline.tsv").read_text().splitlines()
+    assert len(timeline) == 1 + 57 and timeline[0] == "worker\tstart\tend\ttest"
     assert where[kube_worker][0].startswith("test_kube.py"), where
     in_bed = [t for t in where[bed_worker] if t.startswith("test_bed.py")]
     assert in_bed[-1] == "test_bed.py::test_bed_cli", in_bed  # the CLI's test last
@@ -263,9 +269,7 @@ def test_a_test_marked_testbed_alone_has_the_testbed_to_itself(
         f"note('guest-{i}-end')\n"
         for i in range(6)
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("EGRESS_PROXIES_SUITE_LOCKS", str(tmp_path / "locks"))
-        result = distributed(pytester, {"test_bed": alone, "test_stock_image": guests}, 2)
+    result = distributed(pytester, {"test_bed": alone, "test_stock_image": guests}, 2)
     result.assert_outcomes(passed=8)
     where = ran_where(result)
     assert len(where) == 2, where  # the two groups did run side by side
