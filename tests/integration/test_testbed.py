@@ -30,8 +30,7 @@ from tests.support.stack_config import host, kvm_provider
 if TYPE_CHECKING:
     from tests.support.testbed import Testbed
 
-# `up` again, another checkout's `up`, the machine's owner file rewritten: alone.
-pytestmark = [pytest.mark.integration, pytest.mark.testbed_alone]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +40,7 @@ def names(output: str) -> list[str]:
     return [line.split()[0] for line in output.splitlines() if line.strip()]
 
 
+@pytest.mark.testbed_alone  # `up` again, or the machine's claim rewritten
 def test_second_up_is_quick_and_changes_nothing(testbed: Testbed) -> None:
     pid_files = [testbed.state_dir / f"{d}.pid" for d in ("sshd", "libvirtd", "virtlogd")]
     pids = {p.name: p.read_text() for p in pid_files if p.exists()}
@@ -61,6 +61,7 @@ def test_second_up_is_quick_and_changes_nothing(testbed: Testbed) -> None:
     assert {p: p.stat().st_mtime_ns for p in written} == mtimes
 
 
+@pytest.mark.testbed_alone  # `up` again, or the machine's claim rewritten
 def test_a_second_checkout_neither_takes_over_nor_tears_down_the_testbed(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_second_checkout_neither_takes_over_nor_tears_down_the_testbed(
 OWNER_FILE = Path("/run/egress-proxies-testbed.owner")
 
 
+@pytest.mark.testbed_alone  # `up` again, or the machine's claim rewritten
 def test_up_takes_over_a_testbed_a_killed_run_left_behind(testbed: Testbed, tmp_path: Path) -> None:
     """A CI job cut off mid-run leaves its checkout's claim on the machine with
     none of its daemons running: that testbed is not up, and `up` elsewhere

@@ -5,11 +5,15 @@ what the run made. Two users in one process hold locks as two workers do
 
 from __future__ import annotations
 
+import fcntl
+import threading
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
+from tests.support import suite_order
 from tests.support.shared_use import shared_use
 
 
@@ -87,3 +91,59 @@ def test_a_killed_run_s_claim_is_not_taken_for_this_run_s(
     with service.use(tmp_path):
         pass
     assert service.is_up and service.downs == 0
+
+
+def held(path: Path) -> bool:
+    """Whether another open file holds a lock on PATH."""
+    with path.open("a") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return False
+
+
+class Item:
+    """What testbed_turn reads of a test: its fixtures and its marks."""
+
+    def __init__(self, alone: bool) -> None:
+        self.fixturenames = ["testbed"]
+        self.alone = alone
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if self.alone and name == "testbed_alone" else None
+
+
+def test_a_test_waiting_to_be_alone_goes_before_later_shared_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flock grants a shared lock while another is held, so without a queue a
+    worker running shared tests back to back would keep a `testbed_alone`
+    test waiting for as long as it runs. Threads stand in for workers (flock
+    locks belong to open files); only the order of events is asserted."""
+    monkeypatch.setattr(suite_order, "LOCKS", tmp_path)
+    entered: list[str] = []
+    first_in, let_first_go = threading.Event(), threading.Event()
+
+    def run(name: str, alone: bool, hold: threading.Event | None = None) -> None:
+        with suite_order.testbed_turn(Item(alone)):  # type: ignore[arg-type]
+            entered.append(name)
+            if hold is not None:
+                first_in.set()
+                hold.wait()
+
+    first = threading.Thread(target=run, args=("shared-1", False, let_first_go))
+    first.start()
+    first_in.wait()
+    alone = threading.Thread(target=run, args=("alone", True))
+    alone.start()
+    while not held(tmp_path / "testbed.queue"):  # it queued
+        time.sleep(0.01)
+    later = threading.Thread(target=run, args=("shared-2", False))
+    later.start()
+    time.sleep(0.3)
+    let_first_go.set()
+    for thread in (first, alone, later):
+        thread.join(timeout=10)
+    assert entered == ["shared-1", "alone", "shared-2"]
