@@ -45,19 +45,35 @@ class Orphan:
     detail: str
 
 
+# Another stack's create or destroy may remove a domain or volume between
+# the listing and the read: gone, it is nobody's orphan.
+_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_STORAGE_VOL})
+
+
+class _Gone(Exception):
+    pass
+
+
 def _domain_marks(dom: Any) -> Any | None:
     try:
         return parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NS_URI, 0))
     except libvirt.libvirtError as error:
         if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
             return None
+        if error.get_error_code() in _GONE:
+            raise _Gone from error
         raise
     except ValueError:
         return None  # someone else's malformed element: not ours to judge
 
 
 def _volume_age(vol: Any, now: datetime) -> float | None:
-    return _age_in(vol.XMLDesc(0), now)
+    try:
+        return _age_in(vol.XMLDesc(0), now)
+    except libvirt.libvirtError as error:
+        if error.get_error_code() in _GONE:
+            raise _Gone from error
+        raise
 
 
 def _age_in(xml: str, now: datetime) -> float | None:
@@ -82,7 +98,10 @@ def find_orphans(
     ids = set(stack_ids)
     other_domains: set[str] = set()
     for dom in conn.listAllDomains(0):
-        marks = _domain_marks(dom)
+        try:
+            marks = _domain_marks(dom)
+        except _Gone:
+            continue
         name = dom.name()
         if marks is None or not marks.managed or (marks.project, marks.stack) != (project, stack):
             other_domains.add(name)
@@ -101,7 +120,10 @@ def find_orphans(
         proxy = match.group(1)
         if proxy not in ids or proxy in other_domains:
             continue
-        age = _volume_age(vol, now)
+        try:
+            age = _volume_age(vol, now)
+        except _Gone:
+            continue
         if age is None or age >= min_age_seconds:
             what = "overlay" if match.group(2) == ".qcow2" else "seed"
             orphans.append(
