@@ -24,6 +24,12 @@ from tests.support.testbed import Testbed
 UNREACHABLE_IMAGE = "http://img.invalid/d.qcow2"  # .invalid never resolves (RFC 2606)
 
 
+def given(**keys: Any) -> dict[str, Any]:
+    """KEYS without those left None: the config keys a builder was given
+    (the others are not written, so their defaults apply)."""
+    return {key: value for key, value in keys.items() if value is not None}
+
+
 def key_files(directory: Path) -> tuple[Path, Path]:
     """An SSH key and a known_hosts file in DIRECTORY, for hosts that are never
     contacted (validation wants both to exist; nothing reads them)."""
@@ -47,13 +53,12 @@ def host(
 ) -> dict[str, Any]:
     """One `hosts[]` entry: the VMs' NIC on a libvirt NETWORK, or on BRIDGE
     instead; the keys left None are not written (their defaults apply)."""
-    entry: dict[str, Any] = {"name": name, "address": address, "user": user}
-    if bridge is not None:
-        entry["bridge"] = bridge
-    else:
-        entry["network"] = network
-    optional = {"socket": socket, "pool": pool, "domainType": domain_type, "cpuMode": cpu_mode}
-    return entry | {key: value for key, value in optional.items() if value is not None}
+    nic = {"bridge": bridge} if bridge is not None else {"network": network}
+    return (
+        {"name": name, "address": address, "user": user}
+        | nic
+        | given(socket=socket, pool=pool, domainType=domain_type, cpuMode=cpu_mode)
+    )
 
 
 def machine_type(vcpus: int = 1, memory_mib: int = 512) -> dict[str, Any]:
@@ -148,12 +153,7 @@ def external_provider(name: str = "corp") -> dict[str, Any]:
 def placement(
     machine_type: str | None = "s", image: str | None = "d", zone: str | None = None
 ) -> dict[str, Any]:
-    entry: dict[str, Any] = {} if zone is None else {"zone": zone}
-    if machine_type is not None:
-        entry["machineType"] = machine_type
-    if image is not None:
-        entry["image"] = image
-    return entry
+    return given(zone=zone, machineType=machine_type, image=image)
 
 
 def proxy(
@@ -168,18 +168,9 @@ def proxy(
 ) -> dict[str, Any]:
     """A `proxies[]` entry: provisioned at WHERE (a `placement`), or, with
     URL, one that exists already."""
-    entry: dict[str, Any] = {"name": name, "provider": provider}
-    if replicas is not None:
-        entry["replicas"] = replicas
-    if where is not None:
-        entry["placement"] = where
-    if labels is not None:
-        entry["labels"] = labels
-    if user_data is not None:
-        entry["userData"] = user_data
-    if url is not None:
-        entry["url"] = url
-    return entry
+    return {"name": name, "provider": provider} | given(
+        replicas=replicas, placement=where, labels=labels, userData=user_data, url=url
+    )
 
 
 def squid(
@@ -192,16 +183,12 @@ def squid(
     """The `squid` block: ALLOWED_CLIENTS (10.0.0.0/8 if none), basic auth
     for USERNAME, and BLOCKED_DESTINATIONS in place of the default list
     (`[]` for a test page on a private address)."""
-    block: dict[str, Any] = {"allowedClients": list(allowed_clients or ["10.0.0.0/8"])}
-    if port is not None:
-        block["port"] = port
-    if connect_ports is not None:
-        block["connectPorts"] = list(connect_ports)
-    if blocked_destinations is not None:
-        block["blockedDestinations"] = list(blocked_destinations)
-    if username is not None:
-        block["auth"] = {"username": username}
-    return block
+    return {"allowedClients": list(allowed_clients or ["10.0.0.0/8"])} | given(
+        port=port,
+        connectPorts=None if connect_ports is None else list(connect_ports),
+        blockedDestinations=None if blocked_destinations is None else list(blocked_destinations),
+        auth=None if username is None else {"username": username},
+    )
 
 
 def stack_config(
