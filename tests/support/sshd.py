@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,41 +22,68 @@ class PrivateSshd:
         workdir: Path,
         port: int | None = None,
     ) -> None:
-        self.port = port or free_port()
         self.workdir = workdir
         self.config = workdir / "sshd_config"
-        text = testbed_config.read_text()
-        text = re.sub(r"(?m)^Port .*$", f"Port {self.port}", text)
-        text = re.sub(r"(?m)^PidFile .*$", f"PidFile {workdir / 'sshd.pid'}", text)
+        self.known_hosts = workdir / "known_hosts"
+        self.log = workdir / "sshd.log"
+        self._testbed_config = testbed_config.read_text()
+        self._testbed_known_hosts = testbed_known_hosts.read_text()
+        # A port the caller chose, or one this sshd listened on once (a client
+        # holds it): a restart keeps it.
+        self._fixed = port is not None
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _write(self) -> None:
+        text = re.sub(r"(?m)^Port .*$", f"Port {self.port}", self._testbed_config)
+        text = re.sub(r"(?m)^PidFile .*$", f"PidFile {self.workdir / 'sshd.pid'}", text)
         self.config.write_text(text)
         # Same host key as the testbed's sshd, listed under this port.
-        self.known_hosts = workdir / "known_hosts"
         self.known_hosts.write_text(
             re.sub(
                 r"^\[127\.0\.0\.1\]:\d+",
                 f"[127.0.0.1]:{self.port}",
-                testbed_known_hosts.read_text(),
+                self._testbed_known_hosts,
                 flags=re.M,
             )
         )
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PrivateSshd:
-        # -D: the listener stays our child, so its PID is the one we stop.
-        self.process = subprocess.Popen(
-            ["/usr/sbin/sshd", "-D", "-f", str(self.config), "-E", str(self.workdir / "sshd.log")]
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
+        """Starts sshd and returns once it listens. Ready means its own log says
+        so: a connect() alone could reach another process that took the port
+        between free_port() and sshd's bind (other workers start servers too),
+        and then this sshd's sessions are not the ones a test kills. A free port
+        taken meanwhile is replaced by another, three times at most."""
+        for _ in range(3):
+            self._write()
+            self.log.unlink(missing_ok=True)
+            # -D: the listener stays our child, so its PID is the one we stop.
+            process = subprocess.Popen(
+                ["/usr/sbin/sshd", "-D", "-f", str(self.config), "-E", str(self.log)]
+            )
+            if self._listening(process):
+                self.process, self._fixed = process, True
                 return self
+            process.kill()
+            process.wait(10)
+            if self._fixed or "Address already in use" not in self._log_text():
+                break
+            self.port = free_port()
+        raise RuntimeError(f"sshd did not listen on {self.port}: {self._log_text()}")
+
+    def _listening(self, process: subprocess.Popen[bytes]) -> bool:
+        deadline = time.monotonic() + 10
+        wanted = f"Server listening on 127.0.0.1 port {self.port}."
+        while time.monotonic() < deadline and process.poll() is None:
+            if wanted in self._log_text():
+                return True
             time.sleep(0.05)
-        raise RuntimeError(
-            f"sshd did not listen on {self.port}: {(self.workdir / 'sshd.log').read_text()}"
-        )
+        return False
+
+    def _log_text(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log.read_text()
+        return ""
 
     def _children(self, pid: int) -> list[int]:
         found = []
