@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from health.model import ProxyEndpoint
 from proxyinfra.manifest import Manifest
+from proxyinfra.printable import RULE, refused_character
 
 PULUMI_TIMEOUT_S = 120.0
 
@@ -72,16 +74,28 @@ class Fleet:
 
 
 def parse_fleet(document: Any) -> Fleet:
-    """A Fleet from a decoded manifest, or from a stack-outputs object holding one."""
+    """A Fleet from a decoded manifest, or from a stack-outputs object holding one.
+
+    Every name is checked here, before any store sees it (the manifest's
+    rules, proxyinfra/printable.py): a name no log, page or store could keep
+    makes the whole manifest invalid, as any other error does."""
     if isinstance(document, dict) and "fleet" in document and "version" not in document:
         document = document["fleet"]
+    unencodable = _unencodable(document)
+    if unencodable is not None:
+        # JSON may spell an unpaired surrogate (`"\ud800"`); pydantic cannot read it.
+        loc, text = unencodable
+        problem = f"{shown(text)} holds {refused_character(text)}: {RULE}"
+        raise FleetError(f"not a valid fleet manifest v1: {_where(document, loc)}: {problem}")
     try:
         manifest = Manifest.model_validate(document, strict=True)
     except ValidationError as exc:
-        # Only locations and messages: the input may hold passwords.
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
+        # Only locations and messages, and the name of the proxy concerned:
+        # the input may hold passwords.
+        errors = exc.errors()
+        problems = "; ".join(_where(document, e["loc"]) + f": {e['msg']}" for e in errors[:10])
+        if len(errors) > 10:
+            problems += f"; and {len(errors) - 10} more"
         raise FleetError(f"not a valid fleet manifest v1: {problems}") from None
     proxies: dict[str, FleetProxy] = {}
     for entry in manifest.proxies:
@@ -100,6 +114,65 @@ def parse_fleet(document: Any) -> Fleet:
             password=entry.auth.password if entry.auth else None,
         )
     return Fleet(manifest.project, manifest.stack, proxies)
+
+
+def shown(name: str) -> str:
+    """A name as an error shows it: quoted, escaped (repr escapes every
+    character the names' rule refuses), and cut short."""
+    return repr(name if len(name) <= 40 else name[:32] + "...")
+
+
+def _where(document: Any, loc: tuple[int | str, ...]) -> str:
+    """An error's place, as `proxies.3 (proxy 'home-3').zone`: the proxy's
+    name beside its index, when the manifest gives it one as a string."""
+    place = _joined(loc) or "(top)"
+    if len(loc) < 2 or loc[0] != "proxies" or not isinstance(loc[1], int):
+        return place
+    try:
+        name = document["proxies"][loc[1]]["name"]
+    except (TypeError, KeyError, IndexError):
+        return place
+    if not isinstance(name, str):
+        return place
+    rest = _joined(loc[2:])
+    return f"proxies.{loc[1]} (proxy {shown(name)})" + (f".{rest}" if rest else "")
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_\-\[\]]+")
+
+
+def _joined(loc: tuple[int | str, ...]) -> str:
+    # A label's key is part of a place: shown escaped unless plain.
+    return ".".join(
+        p
+        if isinstance(p, str) and _PLAIN.fullmatch(p)
+        else str(p)
+        if isinstance(p, int)
+        else shown(p)
+        for p in loc
+    )
+
+
+def _unencodable(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[Any, str] | None:
+    """The place of the first string, key or value, that no UTF-8 encodes
+    (it holds an unpaired surrogate), and the string."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return loc, value
+        return None
+    children: list[tuple[Any, Any]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = list(enumerate(value))
+    for key, item in children:
+        found = _unencodable(key, loc) if isinstance(key, str) else None
+        found = found or _unencodable(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
 
 
 def _decode(text: str | bytes, where: str) -> Fleet:

@@ -8,14 +8,14 @@ number of seconds), and unknown fields are errors, so a misspelled
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from discovery.targets import TARGET_PATTERN
 from discovery.targets import problem as target_problem
+from proxyinfra import printable
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
 
@@ -49,36 +49,14 @@ Target = Annotated[
     ),
     AfterValidator(_target),
 ]
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# What a holder and a selector's fields may hold: no control characters (a
-# NUL cannot even be stored by PostgreSQL; the others only make ids that no
-# log or page shows right).
-PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]*$"
-
-
-def _printable(value: str) -> str:
-    if _CONTROL.search(value):
-        raise PydanticCustomError("printable", "control characters (NUL, tab, ...) are not allowed")
-    return value
-
-
-def _text(max_length: int, min_length: int = 0, description: str | None = None) -> Any:
-    return Field(
-        min_length=min_length,
-        max_length=max_length,
-        description=description,
-        json_schema_extra={"pattern": PRINTABLE_PATTERN},
-    )
-
-
-Name = Annotated[str, _text(256, 1), AfterValidator(_printable)]
-LabelValue = Annotated[str, _text(256), AfterValidator(_printable)]
-# A label's key: the same rule, said in the schema as `propertyNames` (a key
-# pattern would become `patternProperties`, which leaves other keys free).
-LabelKey = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_printable)]
-_KEYS: dict[str, Any] = {
-    "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": PRINTABLE_PATTERN}
-}
+# Holders and a selector's fields follow the rule of every name that reaches
+# a log or a page (proxyinfra/printable.py), the manifest's names among them:
+# no control, format or line-separator characters, at most 256 characters.
+Name = printable.Name
+LabelValue = printable.Value
+LabelKey = printable.Key
+# The gateway's username parts (discovery/gateway/identity.py, MAX_NAME).
+MAX_GATEWAY_NAME = 128
 
 
 class Selector(BaseModel):
@@ -86,7 +64,7 @@ class Selector(BaseModel):
     provider: Name | None = None
     zone: Name | None = None
     labels: dict[LabelKey, LabelValue] = Field(
-        default_factory=dict, max_length=64, json_schema_extra=_KEYS
+        default_factory=dict, max_length=64, json_schema_extra=printable.KEYS
     )
 
 
@@ -94,8 +72,8 @@ class LeaseRequest(BaseModel):
     model_config = _STRICT
     holder: Annotated[
         str,
-        _text(256, 1, "who holds the lease (a crawler id)"),
-        AfterValidator(_printable),
+        printable.text_field(description="who holds the lease (a crawler id)"),
+        AfterValidator(printable.check_printable),
     ]
     ttl_seconds: Annotated[
         TtlSeconds | None,
@@ -132,8 +110,10 @@ class GatewayReportRequest(BaseModel):
     model_config = _STRICT
     holder: Annotated[
         str,
-        _text(128, 1, "the holder: the proxy username before -session-"),
-        AfterValidator(_printable),
+        printable.text_field(
+            MAX_GATEWAY_NAME, 1, "the holder: the proxy username before -session-"
+        ),
+        AfterValidator(printable.check_printable),
     ]
     session: Annotated[
         str,

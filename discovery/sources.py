@@ -6,7 +6,10 @@ every `stack_refresh` seconds) and keeps its last good fleet: a source that
 breaks is reported (once per content) and goes on serving what it served,
 without hiding the others. With more than one source a proxy's name is
 qualified by its manifest's stack (`site-a/home-0`), so names cannot
-collide across stacks; two sources of one stack are refused.
+collide across stacks: a stack's name holds no `/` (Pulumi's rule, which
+the manifest's validation holds every fleet to), so `STACK/NAME` is read
+back one way only, whatever the proxy's name holds (`a` + `b/c` is never
+`a/b` + `c`); two sources of one stack are refused.
 """
 
 from __future__ import annotations

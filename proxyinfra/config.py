@@ -19,6 +19,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from proxyinfra.printable import Value
+
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
 """Logical names end up in libvirt, GCP and Kubernetes names: DNS-label rules."""
 
@@ -62,7 +64,9 @@ class ProxyEntry(Model):
     provider: Annotated[str, Field(min_length=1)]
     replicas: Annotated[int, Field(ge=1, le=1000)] | None = None
     placement: Placement = Field(default_factory=Placement)
-    labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
+    # Values as the manifest takes them (proxyinfra/printable.py): refused here,
+    # not in the middle of `pulumi up`.
+    labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], Value] = Field(
         default_factory=dict
     )
     user_data: str | None = None

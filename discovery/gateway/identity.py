@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from discovery.brake import Brake, client_key
 from discovery.middleware import token_digest, token_matches
 from discovery.selection import Selector
+from proxyinfra.printable import RULE, refused_character
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 MAX_NAME = 128
 _PARAMETER = re.compile(r"-(session|zone|provider|label)-")
 _SESSION = re.compile(r"[A-Za-z0-9._~-]{1,128}")
-_PRINTABLE = re.compile(r"[\x21-\x7e]+")
 ANONYMOUS = "anonymous"
 ADMITTED_KEPT = 1024
 
@@ -57,19 +57,29 @@ class BadUsername(ValueError):
     """The username does not follow the syntax; the message names the part."""
 
 
+def _name_problem(value: str) -> str | None:
+    """Why a part of the username is no name (the rule of every name that
+    reaches a log or a page, proxyinfra/printable.py), or None."""
+    if not value or len(value) > MAX_NAME:
+        return f"1 to {MAX_NAME} characters"
+    character = refused_character(value)
+    return None if character is None else f"{character}: {RULE}"
+
+
 def parse_username(username: str) -> Identity:
     parts = _PARAMETER.split(username)
     holder = parts[0]
-    if not holder or len(holder) > MAX_NAME or not _PRINTABLE.fullmatch(holder):
+    problem = _name_problem(holder)
+    if problem is not None:
         raise BadUsername(
-            f"the holder (the username before any -session-, -zone-, ...) must be 1 to "
-            f"{MAX_NAME} printable characters"
+            f"the holder (the username before any -session-, -zone-, ...) must be a name: {problem}"
         )
     values: dict[str, str] = {}
     labels: dict[str, str] = {}
     for key, value in zip(parts[1::2], parts[2::2], strict=True):
-        if not value or len(value) > MAX_NAME or not _PRINTABLE.fullmatch(value):
-            raise BadUsername(f"-{key}- needs a value of 1 to {MAX_NAME} printable characters")
+        problem = _name_problem(value)
+        if problem is not None:
+            raise BadUsername(f"-{key}- needs a value that is a name: {problem}")
         if key == "label":
             name, sep, label_value = value.partition("=")
             if not sep or not name:

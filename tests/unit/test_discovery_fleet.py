@@ -46,7 +46,7 @@ def test_ipv6_hosts_are_bracketed_in_urls() -> None:
     ("document", "message"),
     [
         ({"version": 2, "project": "p", "stack": "s", "proxies": []}, "version"),
-        (manifest([{**proxy_entry("a"), "port": "3128"}]), "proxies.0.port"),
+        (manifest([{**proxy_entry("a"), "port": "3128"}]), r"proxies.0 \(proxy 'a'\).port"),
         (manifest([{**proxy_entry("a"), "extra": 1}]), "extra"),
         (manifest([proxy_entry("a"), proxy_entry("a")]), "appears twice"),
         ({"fleet": {"version": 1}}, "project"),

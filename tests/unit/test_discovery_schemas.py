@@ -58,5 +58,5 @@ def test_a_refusal_names_where_but_never_echoes_a_key_the_client_sent() -> None:
     else:
         raise AssertionError("accepted")
     assert "hunter2" not in detail and "\\x00" not in detail and "\\u0000" not in detail
-    assert "selector.labels.….[key]: control characters" in detail
-    assert "selector.labels.ok: control characters" in detail  # a plain key is a location
+    assert "selector.labels.….[key]: U+0000 (a control character)" in detail
+    assert "selector.labels.ok: U+0007 (a control character)" in detail  # a plain key is a location

@@ -52,6 +52,16 @@ def test_model_and_schema_accept_the_same_documents(document: dict[str, object])
         manifest(extra=1),
         manifest(auth={"username": "u"}),
         {**manifest(), "version": 2},
+        # Names that reach logs and pages (proxyinfra/printable.py), stacks as Pulumi has them.
+        manifest(name="home\u0000"),
+        manifest(name="home\u202e0"),
+        manifest(name="h" * 257),
+        manifest(provider="kvm\u2028"),
+        manifest(zone="nas\u0085"),
+        manifest(labels={"site": "home\u200b"}),
+        manifest(labels={"si\u0007te": "home"}),
+        {**manifest(), "stack": "a/b"},
+        {**manifest(), "project": "p q"},
     ],
 )
 def test_model_and_schema_refuse_the_same_documents(document: dict[str, object]) -> None:
