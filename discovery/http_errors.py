@@ -7,7 +7,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from discovery.book.errors import LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.book.errors import (
+    LeaseNotFound,
+    NoProxyAvailable,
+    StoreOverloaded,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("discovery.http")
 
@@ -34,6 +39,8 @@ def error_answer(exc: Exception) -> ErrorAnswer:
             return ErrorAnswer(404, "lease_not_found", "no such lease, or it has ended")
         case NoProxyAvailable(detail=detail, retry_after=retry_after):
             return ErrorAnswer(409, "no_proxy_available", detail, {"Retry-After": str(retry_after)})
+        case StoreOverloaded():  # load, not an outage: the same answer as a full server
+            return ErrorAnswer(503, "overloaded", str(exc), {"Retry-After": "1"})
         case StoreUnavailable():
             return ErrorAnswer(503, "store_unavailable", str(exc), {"Retry-After": "1"})
     log.error("unhandled error", exc_info=exc)

@@ -17,6 +17,11 @@ class StoreUnavailable(Exception):
     goes to clients: it never names the database."""
 
 
+class StoreOverloaded(StoreUnavailable):
+    """The store is reachable but too busy to take the change now (every
+    connection to it in use): load, not an outage. Nothing was changed."""
+
+
 class NoProxyAvailable(Exception):
     def __init__(self, reason: str, retry_after: int, detail: str) -> None:
         super().__init__(detail)
@@ -25,4 +30,10 @@ class NoProxyAvailable(Exception):
         self.detail = detail
 
 
-__all__ = ["LeaseNotFound", "NoProxyAvailable", "StoreError", "StoreUnavailable"]
+__all__ = [
+    "LeaseNotFound",
+    "NoProxyAvailable",
+    "StoreError",
+    "StoreOverloaded",
+    "StoreUnavailable",
+]

@@ -1,6 +1,7 @@
 """A replica on the shared PostgreSQL store in the running service: the
 schema is migrated before the server starts; the database holds leases,
-cooldowns and health; one replica probes (leadership.py).
+cooldowns and health; each replica watches the database on a connection of
+its own, and one probes (leadership.py).
 
 The wiring production runs and the tests run alike: a test gives a clock
 (the store's time is the database's otherwise) and drives the leader's
@@ -44,10 +45,12 @@ class PostgresBackend:
 
     async def start(self, fleet: Fleet, health: HealthSource, metrics: Metrics) -> LeaseBook:
         await self.store.open()
-        book = PostgresBook(store=self.store, health=health, metrics=metrics, terms=self._terms)
-        await book.restore(fleet)
         # The health engine probes only while this replica leads.
         self.leadership = Leadership(self.store, health, probe_interval=self._terms.probe_interval)
+        book = PostgresBook(
+            store=self.store, probes=self.leadership, metrics=metrics, terms=self._terms
+        )
+        await book.restore(fleet)
         return book
 
     def loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
@@ -55,12 +58,15 @@ class PostgresBackend:
         return {"leadership": self.leadership.run}
 
     def failure(self) -> str | None:
+        # The database's reachability (leadership.py), never the pool's occupancy.
         # The reason names the server (host, user, database): the log has it.
         if self.store.failure is None:
             return None
         return "PostgreSQL cannot be reached (the service's log says why)"
 
     async def stop(self) -> None:
+        if self.leadership is not None:
+            await self.leadership.close()
         await self.store.close()
 
     def close(self) -> None:

@@ -7,7 +7,12 @@ lifetime and eligibility, a renewal's TTL, a report's effect and how its
 cooldown merges with the proxy's, whether a proxy cools down for a site and
 why a grant is refused are the rules of discovery/book/rules.py, applied
 here to what the store read, inside the store's transaction where the
-decision must see the database unchanged until it is written."""
+decision must see the database unchanged until it is written.
+
+404 means the lease has ended, for good: a lease this replica cannot touch
+because its fleet lacks the proxy is ended when it answers 404 for it, so
+that the proxy coming back (a fleet swapped back, another replica's older
+fleet) never revives it. SQLite ends such leases at the fleet change."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from discovery.book.contract import FleetChange, Lease, LeaseRecord, Outcome
-from discovery.book.errors import LeaseNotFound, StoreError, StoreUnavailable
+from discovery.book.errors import LeaseNotFound, StoreError, StoreOverloaded, StoreUnavailable
 from discovery.book.rules import (
     REPORT_RETENTION_S,
     REPORTS_KEPT,
@@ -37,12 +42,12 @@ from discovery.book.rules import (
 )
 from discovery.book.views import ProxyDetail, proxy_json, taking_turns
 from discovery.fleet import Fleet, FleetProxy
-from discovery.health_source import HealthSource
 from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres import fleets
+from discovery.postgres.leadership import Leadership
 from discovery.postgres.rows import GrantRow
-from discovery.postgres.store import Pick, PostgresStore
+from discovery.postgres.store import Pick, PostgresStore, StoreBusy
 from discovery.selection import Selector
 from health.model import Health
 
@@ -59,12 +64,12 @@ class PostgresBook:
         self,
         *,
         store: PostgresStore,
-        health: HealthSource,
+        probes: Leadership,
         metrics: Metrics,
         terms: Terms,
     ) -> None:
         self._store = store
-        self._health = health
+        self._probes = probes  # told this replica's fleet; probes it (and more) while leading
         self._metrics = metrics
         self._terms = terms
         self._fleet: dict[str, FleetProxy] = {}
@@ -80,7 +85,7 @@ class PostgresBook:
         tag = fleets.digest(proxies)
         await self._call(fleets.register(self._store, tag, list(proxies.values()), ()))
         self._fleet, self._store.fleet = proxies, tag
-        self._health.set_fleet(p.endpoint() for p in self._fleet.values())
+        self._probes.serve(p.endpoint() for p in self._fleet.values())
         event(log, logging.INFO, "fleet registered in the shared store", proxies=len(self._fleet))
 
     async def apply_fleet(self, fleet: Fleet) -> FleetChange:
@@ -92,7 +97,7 @@ class PostgresBook:
         )
         # Both at once: a grant never sees a proxy tagged for a fleet it lacks.
         self._fleet, self._store.fleet = new, tag
-        self._health.set_fleet(p.endpoint() for p in new.values())
+        self._probes.serve(p.endpoint() for p in new.values())
         self._metrics.revoked.inc(revoked)
         return FleetChange(diff.added, diff.removed, diff.changed, revoked)
 
@@ -159,7 +164,7 @@ class PostgresBook:
         self._known(lease_id)
         row = await self._call(self._renew(lease_id, ttl))
         if row is None:
-            raise LeaseNotFound(lease_id)
+            raise await self._not_found(lease_id)
         return self._lease(row)
 
     async def _renew(self, lease_id: str, ttl: float | None) -> LeaseRecord | None:
@@ -173,7 +178,7 @@ class PostgresBook:
         self._known(lease_id)
         found = await self._call(self._report(lease_id, outcome, host))
         if found is None:
-            raise LeaseNotFound(lease_id)
+            raise await self._not_found(lease_id)
         proxy, cooldown = found
         if cooldown is not None:
             event(
@@ -215,7 +220,7 @@ class PostgresBook:
         self._known(lease_id)
         proxy = await self._call(self._store.release(lease_id))
         if proxy is None:
-            raise LeaseNotFound(lease_id)
+            raise await self._not_found(lease_id)
         self._metrics.released.inc()
         event(log, logging.DEBUG, "lease released", lease=lease_id, proxy=proxy)
 
@@ -223,7 +228,7 @@ class PostgresBook:
         self._known(lease_id)
         found = await self._call(self._store.lease_cooldowns(lease_id))
         if found is None:
-            raise LeaseNotFound(lease_id)
+            raise await self._not_found(lease_id)
         return cooling_until(found.scopes, cooldown_scopes(host), found.now) is not None
 
     async def expire_due(self) -> int:
@@ -285,6 +290,21 @@ class PostgresBook:
         if not is_lease_id(lease_id):
             raise LeaseNotFound(lease_id)
 
+    async def _not_found(self, lease_id: str) -> LeaseNotFound:
+        """The 404 for a lease that is no live lease of this fleet's: one
+        that lives on a proxy this fleet lacks ends now (see the module)."""
+        proxy = await self._call(self._store.end_foreign(lease_id))
+        if proxy is not None:
+            self._metrics.revoked.inc()
+            event(
+                log,
+                logging.INFO,
+                "lease ended: its proxy is not in this replica's fleet",
+                lease=lease_id,
+                proxy=proxy,
+            )
+        return LeaseNotFound(lease_id)
+
     def _lease(self, row: LeaseRecord) -> Lease:
         proxy = self._fleet.get(row.proxy)
         if proxy is None:  # tagged with this fleet, so in it; a fleet change racing
@@ -294,6 +314,8 @@ class PostgresBook:
     async def _call(self, work: Awaitable[T]) -> T:
         try:
             return await work
+        except StoreBusy:  # load, not an outage (logged by the store, once in a while)
+            raise StoreOverloaded("the lease store is busy; try again") from None
         except StoreError as error:
             event(log, logging.ERROR, "shared store unavailable", error=str(error))
             raise StoreUnavailable("the lease store is unavailable; try again") from None

@@ -5,7 +5,9 @@ Each replica names its fleet by a digest of its proxies' names and tags
 every proxy of it with that digest (the `fleets` column); it grants, renews,
 reports and releases only on proxies carrying its own tag, so a proxy its
 fleet lacks is never handed out or touched by it (a 404 or a 409, never a
-lease it cannot describe). Replicas register their fleet at start and every
+lease it cannot describe; that 404 ends the lease, book.py). Each proxy's
+row also holds how to reach it, so that the prober, whatever its own fleet,
+probes it (leadership.py). Replicas register their fleet at start and every
 maintenance round; a fleet no replica has registered for FLEET_TTL_S is
 dropped, and a proxy no remaining fleet holds leaves the store with its
 lease (revoked), cooldowns and usage: what a fleet change does at once on
@@ -30,10 +32,13 @@ FLEET_TTL_S = 300.0
 
 _REGISTER = f"""INSERT INTO discovery_fleets (digest, seen_at) VALUES (%(fleet)s, {q.NOW})
     ON CONFLICT (digest) DO UPDATE SET seen_at = excluded.seen_at"""
-_UPSERT = """INSERT INTO discovery_proxies (name, provider, zone, labels, fleets)
-    VALUES (%(name)s, %(provider)s, %(zone)s, %(labels)s::jsonb, ARRAY[%(fleet)s])
+_UPSERT = """INSERT INTO discovery_proxies
+        (name, provider, zone, labels, fleets, host, port, username, password)
+    VALUES (%(name)s, %(provider)s, %(zone)s, %(labels)s::jsonb, ARRAY[%(fleet)s],
+        %(host)s, %(port)s, %(username)s, %(password)s)
     ON CONFLICT (name) DO UPDATE SET provider = excluded.provider, zone = excluded.zone,
-        labels = excluded.labels,
+        labels = excluded.labels, host = excluded.host, port = excluded.port,
+        username = excluded.username, password = excluded.password,
         fleets = CASE WHEN %(fleet)s = ANY(discovery_proxies.fleets)
                       THEN discovery_proxies.fleets
                       ELSE array_append(discovery_proxies.fleets, %(fleet)s) END"""
@@ -67,6 +72,11 @@ async def register(
             "zone": p.zone,
             "labels": json.dumps(dict(p.labels)),
             "fleet": tag,
+            # For the prober, which may serve another fleet (leadership.py).
+            "host": p.host,
+            "port": p.port,
+            "username": p.username,
+            "password": p.password,
         }
         for p in proxies
     ]

@@ -93,6 +93,17 @@ RELEASE = f"""WITH ended AS (
     FROM ended WHERE p.name = ended.proxy
     RETURNING p.name"""
 
+# A live lease whose proxy this replica's fleet lacks, ended: the replica
+# answers 404 for it, and 404 means the lease has ended for good (a proxy put
+# back in the fleet must not bring it back).
+END_FOREIGN = f"""WITH ended AS (
+        DELETE FROM discovery_leases l
+        WHERE l.id = %(id)s AND l.expires_at > {NOW} AND NOT {LEASE_IS_MINE}
+        RETURNING l.proxy)
+    UPDATE discovery_proxies p SET lease_expires = NULL
+    FROM ended WHERE p.name = ended.proxy
+    RETURNING p.name"""
+
 
 def cooldowns_of(proxy: str, also: str = "") -> str:
     """The cooldowns (target -> until, ended ones included) of the proxy named
@@ -142,9 +153,12 @@ PRUNE = (
 CLOCK = f"SELECT {EPOCH.format(NOW)} AS now"
 
 # Each proxy of this fleet the selector matches, with its live lease's end
-# and its cooldowns under the grant's scopes, for the book's refusal (409).
+# and its cooldowns under the grant's scopes, for the book's refusal (409);
+# the store's time on every row (one statement: a refusal is one round trip,
+# and a refusal with no row needs no time).
 CANDIDATES = f"""SELECT p.name, p.health, {EPOCH.format("l.expires_at")} AS leased_until,
-        {cooldowns_of("p.name", " AND c.target = ANY(%(scopes)s)")} AS cooldowns
+        {cooldowns_of("p.name", " AND c.target = ANY(%(scopes)s)")} AS cooldowns,
+        {EPOCH.format(NOW)} AS now
     FROM discovery_proxies p
     LEFT JOIN discovery_leases l ON l.proxy = p.name AND l.expires_at > {NOW}
     WHERE {SELECTED}"""
@@ -179,5 +193,12 @@ WRITE_HEALTH = """UPDATE discovery_proxies p
                 %(errors)s::text[], %(recents)s::text[])
          AS h(name, health, latency, error, recent)
     WHERE p.name = h.name"""
+
+# What the prober probes besides its own fleet: the proxies only other
+# replicas' fleets hold (a fleet is dropped once no replica registers it,
+# fleets.py), with what a probe needs.
+FOREIGN = """SELECT name, host, port, username, password FROM discovery_proxies
+    WHERE host IS NOT NULL AND cardinality(fleets) > 0 AND NOT (%(fleet)s = ANY(fleets))
+    ORDER BY name"""
 
 __all__ = [name for name in dir() if name.isupper()]

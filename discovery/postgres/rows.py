@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from discovery.book.contract import LeaseRecord
 
@@ -41,6 +41,7 @@ class CandidateRow:
     health: str
     leased_until: float | None  # the live lease's end
     cooldowns: dict[str, float]  # target -> until, under the grant's scopes
+    now: float  # the store's time
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,17 @@ class HealthView:
 
 
 @dataclass(frozen=True)
+class ProbeRow:
+    """A proxy another replica's fleet holds, as its manifest gives it."""
+
+    name: str
+    host: str
+    port: int
+    username: str | None
+    password: str | None = field(repr=False)  # never in a log line
+
+
+@dataclass(frozen=True)
 class Scopes:
     now: float
     scopes: dict[str, float]  # target -> until
@@ -90,6 +102,7 @@ __all__ = [
     "HealthView",
     "LiveLease",
     "Now",
+    "ProbeRow",
     "ProxyRow",
     "Scopes",
 ]

@@ -10,7 +10,7 @@ import psycopg
 
 from discovery.book.errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
 
 # Index i holds the statements that bring the schema from version i to i + 1.
@@ -84,6 +84,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # is one failed probe (error_report keeps the last one's words).
         "ALTER TABLE discovery_proxies ADD COLUMN error_reports integer NOT NULL DEFAULT 0",
         "ALTER TABLE discovery_proxies DROP COLUMN reported_at",
+    ),
+    (
+        # What probing a proxy needs (its fleet's manifest has it): the prober
+        # also probes proxies only other replicas' fleets hold.
+        """ALTER TABLE discovery_proxies ADD COLUMN host text, ADD COLUMN port integer,
+            ADD COLUMN username text, ADD COLUMN password text""",
     ),
 )
 

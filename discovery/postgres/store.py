@@ -17,13 +17,18 @@ LOCKED`: concurrent grants on other replicas skip it and take another) and
 the lease table's `UNIQUE (proxy)` backs that up.
 
 Every database failure becomes StoreError, whose text (the database's URL
-without its password, and the reason) is for the log only.
+without its password, and the reason) is for the log only. Waiting too long
+for a pooled connection is StoreBusy instead, while the database answers
+(`failure` is None): load, not an outage. Whether it answers is judged by
+the replica's own connection (leadership.py), never by the pool, which a
+busy replica fills.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -49,6 +54,7 @@ from discovery.postgres.rows import (
     HealthView,
     LiveLease,
     Now,
+    ProbeRow,
     ProxyRow,
     Scopes,
 )
@@ -61,6 +67,11 @@ R = TypeVar("R")
 # refreshes the statistics: grants are planned on `health`.
 ANALYZE_AFTER = 100
 POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
+BUSY_LOG_S = 10.0  # at most one log line this often for requests refused as busy
+
+
+class StoreBusy(StoreError):
+    """No pooled connection was free in time while the database answers."""
 
 
 class PostgresStore:
@@ -83,9 +94,11 @@ class PostgresStore:
             kwargs={"autocommit": True, "row_factory": tuple_row},
             name="discovery",
         )
-        # Why the database was last unreachable; None once a transaction
-        # succeeds again (readiness).
+        # Why the database cannot be reached, as the replica's own connection
+        # last found (leadership.py); None while it answers (readiness).
         self.failure: str | None = None
+        self._busy = 0  # requests refused as busy since the last log line
+        self._busy_logged = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -133,7 +146,8 @@ class PostgresStore:
     async def connection(self, *, transaction: bool) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection (in a transaction, or for one statement that is
         its own: one round trip instead of three); any database failure is a
-        StoreError."""
+        StoreError, and no connection free within POOL_TIMEOUT_S while the
+        database answers is a StoreBusy."""
         try:
             async with self._pool.connection() as conn:
                 if transaction:
@@ -141,10 +155,28 @@ class PostgresStore:
                         yield conn
                 else:
                     yield conn
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as error:
-            self.failure = _reason(error)
+        except (psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests) as error:
+            if self.failure is None:
+                self._note_busy()
+                raise StoreBusy(f"no database connection free in {POOL_TIMEOUT_S:g} s") from None
+            raise StoreError(f"{self.database.shown}: {self.failure} ({_reason(error)})") from None
+        except psycopg.OperationalError as error:
             raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
-        self.failure = None
+
+    def _note_busy(self) -> None:
+        """One log line for many refusals: under load there may be hundreds a second."""
+        self._busy += 1
+        now = time.monotonic()
+        if now - self._busy_logged >= BUSY_LOG_S:
+            event(
+                log,
+                logging.WARNING,
+                "requests refused as overloaded: no database connection free in time",
+                refused=self._busy,
+                pool_size=self._pool.max_size,
+                wait_s=POOL_TIMEOUT_S,
+            )
+            self._busy, self._busy_logged = 0, now
 
     async def one(
         self, conn: psycopg.AsyncConnection[Any], row: type[R], sql: str, params: dict[str, Any]
@@ -186,6 +218,13 @@ class PostgresStore:
             row = await (await conn.execute(q.RELEASE, self.params(id=lease_id))).fetchone()
             return str(row[0]) if row else None
 
+    async def end_foreign(self, lease_id: str) -> str | None:
+        """Ends a live lease on a proxy this replica's fleet lacks; its proxy's
+        name, or None when there was none."""
+        async with self.connection(transaction=False) as conn:
+            row = await (await conn.execute(q.END_FOREIGN, self.params(id=lease_id))).fetchone()
+            return str(row[0]) if row else None
+
     async def expire(self) -> int:
         """Removes leases past their time (grants already ignore them)."""
         params = self.params()
@@ -209,10 +248,9 @@ class PostgresStore:
         """The store's time and the state of each proxy of this fleet the
         selector matches, with its cooldowns under the scopes, for a 409."""
         params = self.params() | _eligibility_params(wanted)
-        async with self.connection(transaction=True) as conn:
-            now = await self.one(conn, Now, q.CLOCK, params)
+        async with self.connection(transaction=False) as conn:
             rows = await self.all(conn, CandidateRow, q.CANDIDATES, params)
-        return (now.now if now else 0.0), rows
+        return (rows[0].now if rows else 0.0), rows
 
     async def proxies(self) -> tuple[float, dict[str, ProxyRow], list[CooldownRow]]:
         """The store's time, this fleet's proxies and their live cooldowns
@@ -229,10 +267,14 @@ class PostgresStore:
         async with self.connection(transaction=False) as conn:
             return await self.all(conn, HealthCount, q.GAUGES, self.params())
 
-    # -- health, written by the leader -----------------------------------------------------
+    # -- the leader's, on a connection of its own (not the pool a busy replica fills) ------
 
     async def write_health(
-        self, rows: Sequence[tuple[str, HealthView]], *, health_changes: int
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        rows: Sequence[tuple[str, HealthView]],
+        *,
+        health_changes: int,
     ) -> None:
         """(name, view) per proxy whose view changed; `health_changes`: how many
         of them changed health, which decides the ANALYZE."""
@@ -245,16 +287,20 @@ class PostgresStore:
             "errors": [v.last_error for _, v in rows],
             "recents": [_array_literal(v.recent_ms) for _, v in rows],
         }
-        async with self.connection(transaction=True) as conn:
+        async with conn.transaction():
             await conn.execute(q.WRITE_HEALTH, params)
             if health_changes >= ANALYZE_AFTER:
                 await conn.execute("ANALYZE discovery_proxies")
 
-    async def take_error_reports(self) -> list[ErrorRow]:
+    async def take_error_reports(self, conn: psycopg.AsyncConnection[Any]) -> list[ErrorRow]:
         """Crawler `error` reports not yet handed to the prober, counted per
         proxy (and cleared)."""
-        async with self.connection(transaction=True) as conn:
+        async with conn.transaction():
             return await self.all(conn, ErrorRow, q.TAKE_ERRORS, {})
+
+    async def foreign_proxies(self, conn: psycopg.AsyncConnection[Any]) -> list[ProbeRow]:
+        """The proxies other replicas' fleets hold and this one's lacks."""
+        return await self.all(conn, ProbeRow, q.FOREIGN, self.params())
 
 
 @dataclass(frozen=True)
@@ -351,4 +397,4 @@ def _reason(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-__all__ = ["Db", "Pick", "PostgresStore"]
+__all__ = ["Db", "Pick", "PostgresStore", "StoreBusy"]

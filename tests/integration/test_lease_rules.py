@@ -588,6 +588,36 @@ def test_a_lease_on_a_proxy_the_fleet_lacks_is_not_renewed_reported_or_released(
     books.run(simple_fleet(1), after, clock=clock)
 
 
+def test_a_lease_that_answered_404_stays_ended_when_its_proxy_comes_back(books: Books) -> None:
+    """Issue 39, finding 4: on PostgreSQL a lease whose proxy the restarted
+    replica's fleet lacked answered 404, and came back (renewable, its proxy
+    refused to new grants) once the proxy was back in the fleet. 404 means
+    the lease has ended, for good."""
+    clock = Clock()
+    ids: dict[str, str] = {}
+
+    async def before(w: World) -> None:
+        for name in ("p0", "p1"):
+            ids[name] = (await w.book.grant("c", ttl=60, selector=ANY, host=None)).id
+
+    async def after(w: World) -> None:
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew(ids["p1"], ttl=None)
+        await w.book.apply_fleet(simple_fleet(2))  # p1 is back
+        with pytest.raises(LeaseNotFound):
+            await w.book.renew(ids["p1"], ttl=None)
+        with pytest.raises(LeaseNotFound):
+            await w.book.report(ids["p1"], "ok", host=None)
+        with pytest.raises(LeaseNotFound):
+            await w.book.release(ids["p1"])
+        assert (await w.book.grant("c", ttl=None, selector=ANY, host=None)).proxy.name == "p1"
+        assert [row[1] for row in w.stored_leases()] == ["p0", "p1"]
+        assert w.stored_reports() == []
+
+    books.run(simple_fleet(2), before, clock=clock)
+    books.run(simple_fleet(1), after, clock=clock)
+
+
 def test_a_selector_matching_only_proxies_that_left_is_refused_with_409(books: Books) -> None:
     """Defect 3: after a fleet swap across a restart, PostgreSQL kept the old
     proxies, granted them, gave them back and answered 503 forever."""
