@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from discovery.brake import Brake, client_key, scope_address
+from discovery.brake import Brake, scope_address
 from discovery.logs import event
 
 log = logging.getLogger("discovery.http")
@@ -111,13 +111,6 @@ def bearer_matches(authorization: bytes, digest: bytes) -> bool:
 _CHALLENGE = [(b"www-authenticate", b'Bearer realm="discovery"')]
 
 
-def too_many_wrong_tokens(address: str | None, retry_after: int) -> str:
-    """The 429's detail: names the address (or /64) that is braked."""
-    return (
-        f"too many wrong tokens from {client_key(address)}: no token is checked for {retry_after} s"
-    )
-
-
 class BearerAuth:
     """`Authorization: Bearer <token>` on /v1/* when a token is configured.
     Wrong tokens are braked per client address (`brake`; share one with the
@@ -148,7 +141,7 @@ class BearerAuth:
             address = scope_address(scope)
             wait = self.brake.retry_after(address)
             if wait:
-                detail = too_many_wrong_tokens(address, wait)
+                detail = self.brake.refusal_detail(address, wait)
                 return 429, "too_many_requests", detail, [(b"retry-after", b"%d" % wait)]
             if bearer_matches(header, self._digest):
                 self.brake.succeeded(address)

@@ -13,8 +13,12 @@ endpoint: the browser never sends it to /v1/*, and BearerAuth reads no
 cookie, so a page of another site cannot make a logged-in browser grant,
 report or release a lease (CSRF). `/ui/api/status` also takes the API's
 bearer header. Without a token (a service on loopback) the page needs no
-login. Wrong tokens, in the form or the header, are braked per client
-address (discovery/brake.py). Logging out revokes the cookie in this
+login. Wrong tokens are braked per client address (discovery/brake.py): the
+header's on the API's brake, the form's on a brake of its own, so that wrong
+logins never slow a crawler's bearer token. The form and the logout take no
+POST from another site's page (`cross_site`: by `Sec-Fetch-Site`, else by
+`Origin`): no other site can guess through a visitor's browser or log it
+out. Logging out revokes the cookie in this
 process's memory until it would have expired.
 """
 
@@ -23,13 +27,14 @@ from __future__ import annotations
 import hashlib
 import heapq
 import hmac
+import html as markup
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic_core import to_json
 from starlette.requests import Request
@@ -37,12 +42,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from discovery.brake import Brake
-from discovery.middleware import (
-    bearer_matches,
-    token_digest,
-    token_matches,
-    too_many_wrong_tokens,
-)
+from discovery.middleware import bearer_matches, token_digest, token_matches
 from discovery.status import BadQuery, StatusQuery, fleet_status
 
 COOKIE = "discovery_session"
@@ -52,11 +52,16 @@ MAX_FORM_BYTES = 4096
 MAX_FORM_FIELDS = 4
 MAX_REVOKED = 10_000  # cookies revoked by a logout and not yet expired, at most
 _EXPIRY_DIGITS = 12  # an expiry is a Unix time in seconds: 10 digits until 2286
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_SHOWN_HEADER = 100  # characters of a refusing header shown back (escaped)
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 _HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: with it, browsers send `Origin: null` on the page's own
+    # form posts, which cross_site() must then refuse where Sec-Fetch-Site is
+    # not sent. No other site is ever sent a referrer either way.
+    "Referrer-Policy": "same-origin",
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -80,8 +85,10 @@ class Verdict:
 
 
 class Sessions:
-    """Checks the token and the session cookies derived from it; `brake` slows
-    down wrong tokens (share BearerAuth's so both count against one address)."""
+    """Checks the token and the session cookies derived from it. `brake` slows
+    down wrong bearer tokens (share BearerAuth's: one count per address for
+    the API's header wherever it is sent); `login_brake` the login form's,
+    apart, so that a page posting wrong logins never slows the API."""
 
     def __init__(
         self,
@@ -89,12 +96,14 @@ class Sessions:
         clock: Callable[[], float] = time.time,
         brake: Brake | None = None,
         max_revoked: int = MAX_REVOKED,
+        login_brake: Brake | None = None,
     ) -> None:
         self.required = bool(token)
         self._digest = token_digest(token) if token else b""
         self._key = hashlib.sha256(b"discovery-ui-session\0" + self._digest).digest()
         self._clock = clock
         self.brake = brake if brake is not None else Brake()
+        self.login_brake = login_brake if login_brake is not None else Brake()
         self._max_revoked = max_revoked
         self._revoked: dict[str, int] = {}  # MAC -> expiry
         self._revoked_by_expiry: list[tuple[int, str]] = []  # a heap
@@ -173,6 +182,43 @@ def client_address(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL, the port filled in; None if it is none."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port out of range or not a number
+        return None
+    default = _DEFAULT_PORTS.get(parts.scheme.lower())
+    if default is None or not parts.hostname:
+        return None
+    return parts.scheme.lower(), parts.hostname, port or default
+
+
+def cross_site(request: Request) -> str | None:
+    """Which header shows a POST sent by another site's page (None: none does).
+
+    `Sec-Fetch-Site`, set by the browser and beyond a page's reach, decides
+    when it is there: `same-origin` or `none` (typed, a bookmark) is the page
+    itself. Else `Origin`, sent by browsers with every POST, must be the
+    service's own: the scheme and `Host` the request reached it with, so
+    behind a reverse proxy that proxy must pass `Host` (and
+    `X-Forwarded-Proto` for TLS it terminates). curl and scripts send
+    neither and are not refused: they could send anything."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        if site.lower() in ("same-origin", "none"):
+            return None
+        return f"Sec-Fetch-Site: {site[:_SHOWN_HEADER]}"
+    given = request.headers.get("origin")
+    if given is None:
+        return None
+    own = _origin(f"{request.url.scheme}://{request.url.netloc}")  # netloc: the Host header
+    if own is None or _origin(given) != own:
+        return f"Origin: {given[:_SHOWN_HEADER]}"
+    return None
+
+
 def ui_routes(
     proxies: ProxiesFn,
     sessions: Sessions,
@@ -191,7 +237,7 @@ def ui_routes(
         return Response(body, status, {**_HEADERS, **(headers or {})}, media_type="text/html")
 
     def login_page(message: str = "", status: int = 401, retry_after: int = 0) -> Response:
-        # `message` is one of this module's fixed texts: nothing a client sent is echoed.
+        # `message` is one of this module's texts: what a client sent is escaped in it.
         if message:
             message = f'<p class="error" role="alert">{message}</p>'
         headers = {"Retry-After": str(retry_after)} if retry_after else None
@@ -205,13 +251,28 @@ def ui_routes(
             return login_page()
         return html(page)
 
+    def refused_cross_site(request: Request) -> Response | None:
+        # Before anything is read or counted: another site's post is no guess.
+        header = cross_site(request)
+        if header is None:
+            return None
+        message = (
+            f"This form was sent from another site ({markup.escape(header)}): "
+            "use the form of this page."
+        )
+        return login_page(message, 403)
+
     async def do_login(request: Request) -> Response:
+        refused = refused_cross_site(request)
+        if refused is not None:
+            return refused
         if not sessions.required:
             return RedirectResponse("/ui/", 303)
         address = client_address(request)
-        wait = sessions.brake.retry_after(address)
+        wait = sessions.login_brake.retry_after(address)
         if wait:
-            message = f"Too many wrong tokens from this address: try again in {wait} s."
+            source = "this address" if sessions.login_brake.closed(address) else "many addresses"
+            message = f"Too many wrong tokens from {source}: try again in {wait} s."
             return login_page(message, 429, retry_after=wait)
         body = await request.body()
         try:
@@ -224,9 +285,9 @@ def ui_routes(
         if not given:
             return login_page("Wrong token.")  # no guess: not counted
         if not sessions.token_ok(given):
-            sessions.brake.failed(address, "login")
+            sessions.login_brake.failed(address, "login")
             return login_page("Wrong token.")
-        sessions.brake.succeeded(address)
+        sessions.login_brake.succeeded(address)
         answer = RedirectResponse("/ui/", 303, headers={"Cache-Control": "no-store"})
         answer.set_cookie(
             COOKIE,
@@ -240,6 +301,9 @@ def ui_routes(
         return answer
 
     async def do_logout(request: Request) -> Response:
+        refused = refused_cross_site(request)
+        if refused is not None:
+            return refused
         # Deleting the cookie asks the browser; revoking it makes sure (a copy
         # of the cookie opens nothing either, on this replica).
         sessions.revoke(request.cookies.get(COOKIE))
@@ -257,7 +321,7 @@ def ui_routes(
         headers = {"Cache-Control": "no-store"}
         verdict = sessions.admit(request, bearer=True)
         if verdict.retry_after:
-            detail = too_many_wrong_tokens(client_address(request), verdict.retry_after)
+            detail = sessions.brake.refusal_detail(client_address(request), verdict.retry_after)
             headers["Retry-After"] = str(verdict.retry_after)
             return _json({"error": "too_many_requests", "detail": detail}, 429, headers)
         if not verdict.allowed:
