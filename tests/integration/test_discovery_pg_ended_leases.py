@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_discovery_replicas import replica, write
 from tests.support.discovery import ServiceProcess, proxies, wait_for
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
+from tests.support.replicas import replica, write
 from tests.support.responders import Responders
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_discovery_replicas import replica
 from tests.support.discovery import ServiceProcess, manifest, proxies, proxy_entry, wait_for
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
+from tests.support.replicas import replica
 from tests.support.responders import Responders
 
 pytestmark = pytest.mark.integration

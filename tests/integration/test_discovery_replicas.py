@@ -6,7 +6,6 @@ fleet file changed under all of them, and one replica probing at a time."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -25,19 +24,17 @@ from tests.support.discovery import (
     ROOT,
     ServiceProcess,
     free_port,
-    manifest,
     proxies,
-    proxy_entry,
     wait_for,
 )
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
+from tests.support.replicas import INTERVAL, replica, write
 from tests.support.responders import Responders
 
 pytestmark = pytest.mark.integration
 
 PROXIES = 12
-INTERVAL = "0.5"
 
 
 @dataclass
@@ -53,39 +50,18 @@ class Cluster:
     def leaders(self) -> list[ServiceProcess]:
         """Replicas whose last leadership event says they lead."""
         leading = []
-        for replica in self.live():
+        for member in self.live():
             said = [
                 e["event"]
-                for e in replica.events()
+                for e in member.events()
                 if e.get("logger") == "discovery.shared"
                 and (
                     "leading" in e["event"] or "leadership" in e["event"] or "stopped" in e["event"]
                 )
             ]
             if said and said[-1].startswith("leading"):
-                leading.append(replica)
+                leading.append(member)
         return leading
-
-
-def write(path: Path, ports: list[int], names: list[str] | None = None) -> None:
-    names = names or [f"p{i}" for i in range(len(ports))]
-    entries = [
-        proxy_entry(n, port=p, labels={"slot": n}) for n, p in zip(names, ports, strict=True)
-    ]
-    path.write_text(json.dumps(manifest(entries)))
-
-
-def replica(cluster_url: str, fleet: Path, log: Path) -> ServiceProcess:
-    args = ["--fleet", str(fleet), "--db", cluster_url, "--listen", f"127.0.0.1:{free_port()}"]
-    args += [
-        "--probe-target",
-        "127.0.0.1:9",
-        "--probe-interval",
-        INTERVAL,
-        "--lease-cooldown",
-        "60",
-    ]
-    return ServiceProcess(args, log_path=log)
 
 
 @pytest.fixture
