@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("discovery")
 
 TOKEN_ENV = "DISCOVERY_TOKEN"
-# Guessing is braked per client address (discovery/brake.py), not across
-# addresses; a token this long is out of reach of any guessing rate.
+# Guessing is braked per client address and, past a rate of failures over all
+# addresses, for every address that did not present the token lately
+# (discovery/brake.py); a token this long is out of reach of any guessing rate.
 MIN_TOKEN_LENGTH = 16
 STACK_REFRESH_ENV = "DISCOVERY_STACK_REFRESH_SECONDS"
 GRACEFUL_SHUTDOWN_S = 10

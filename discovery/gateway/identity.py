@@ -144,7 +144,7 @@ class Admission:
         if self._digest is not None:
             wait = self.brake.retry_after(address)
             if wait:
-                detail = f"too many wrong tokens from {client_key(address)}: retry in {wait} s"
+                detail = self.brake.refusal_detail(address, wait)
                 return Refusal(429, "too_many_wrong_tokens", detail, wait)
         known = self._admitted.get(authorization)
         if known is not None:  # this very header was admitted before
