@@ -17,6 +17,15 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 DENIAL_REASONS = ("no_match", "leased", "cooldown", "unhealthy")
+# The methods of RFC 9110 and PATCH: the only values of the request histogram's
+# `method` label, any other method (httptools accepts 35, WebDAV's and more) is
+# OTHER. Every label value comes from a fixed set, never from a client: one
+# series per method a client can send would let anyone grow /metrics.
+HTTP_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+)
+OTHER = "other"
+UNMATCHED = "unmatched"  # the route of a request no route template matched
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -25,6 +34,11 @@ class StateSnapshot:
     leases_active: int
     cooldowns_active: int
     proxies_by_health: dict[str, int]
+
+
+def method_label(method: str) -> str:
+    """The request histogram's `method` label: the method if HTTP_METHODS has it, else OTHER."""
+    return method if method in HTTP_METHODS else OTHER
 
 
 class RecentRate:
@@ -105,7 +119,8 @@ class Metrics:
         )
         self.request_seconds = Histogram(
             "discovery_request_duration_seconds",
-            "HTTP request latency, by method, route and status",
+            "HTTP request latency, by method (HTTP_METHODS, else other), route template "
+            "(else unmatched) and status",
             ["method", "route", "status"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,

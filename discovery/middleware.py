@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from discovery.brake import Brake, scope_address
 from discovery.logs import event
+from discovery.metrics import UNMATCHED, method_label
 
 log = logging.getLogger("discovery.http")
 
@@ -49,8 +50,10 @@ async def send_error(
 
 
 class RequestMetrics:
-    """Times every request into a histogram labelled with the route template
-    (never the raw path: lease ids would make one series per lease)."""
+    """Times every request into a histogram labelled by method, route template
+    and status, each from a fixed set (metrics.method_label: an unknown method
+    is `other`; the template, never the raw path, else `unmatched`; the status
+    the app answered): no client can add series to /metrics."""
 
     def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
         self.app = app
@@ -74,8 +77,8 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             elapsed = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", "unmatched")
-            key = (scope["method"], route, status)
+            route = getattr(scope.get("route"), "path", UNMATCHED)
+            key = (method_label(scope["method"]), route, status)
             child = self._children.get(key)
             if child is None:
                 child = self._histogram.labels(*map(str, key))
