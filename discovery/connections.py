@@ -13,15 +13,19 @@ have a header-read timeout (h11's `h11_max_incomplete_event_size` bounds the
 head's size, and only in the h11 protocol).
 
 So the service runs uvicorn's httptools protocol with four additions, each a
-few lines on the protocol's own callbacks:
+few lines on the protocol's own callbacks, on top of the bounds on pipelined
+requests and unread answers of discovery/backpressure.py:
 
 - a cap on open connections, from RLIMIT_NOFILE minus what the health
   engine's probes and the rest of the process need. A new connection at the
   cap pushes out the connection that has waited longest for a request (idle,
   or one half sent), as nginx reuses idle keep-alive connections when it runs
-  out: so a flood of idle sockets cannot lock crawlers out. When every open
-  connection is busy with a request, the new one gets `503 overloaded` and is
-  closed at once, so it holds its descriptor for microseconds;
+  out: so a flood of idle sockets cannot lock crawlers out. With none idle,
+  it pushes out the one whose answers have waited longest for the client to
+  read them, else one with pipelined requests queued (backpressure.py), so
+  clients that never read, or that pipeline, cannot either. When every open
+  connection is busy with one request, the new one gets `503 overloaded` and
+  is closed at once, so it holds its descriptor for microseconds;
 - a request deadline: a complete request, head and body, within
   REQUEST_TIMEOUT seconds of the connection opening or of the previous answer
   (uvicorn's keep-alive timeout still closes a connection idle between
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from discovery.backpressure import MAX_PIPELINED, WRITE_TIMEOUT, BackpressuredProtocol, reset
 from discovery.logs import event
 
 log = logging.getLogger("discovery.http")
@@ -106,10 +111,18 @@ class ConnectionGuard:
     registry: CollectorRegistry
     request_timeout: float = REQUEST_TIMEOUT
     max_head_bytes: int = MAX_HEAD_BYTES
+    max_pipelined: int = MAX_PIPELINED
+    write_timeout: float = WRITE_TIMEOUT
     connections: Collection[object] = field(default_factory=set)  # uvicorn's open connections
     # Connections waiting for a request (idle, or one half sent), the longest
-    # waiting first: what a new connection may push out at the cap.
+    # waiting first: what a new connection pushes out at the cap.
     waiting: dict[object, asyncio.Transport] = field(default_factory=dict)
+    # Connections whose answers wait for the client to read them, the longest
+    # waiting first: pushed out at the cap when none is waiting for a request.
+    stalled: dict[object, asyncio.Transport] = field(default_factory=dict)
+    # Connections with requests queued behind the one being answered (pipelined),
+    # the first queued first: pushed out at the cap after those.
+    queued: dict[object, asyncio.Transport] = field(default_factory=dict)
     _since_warning: dict[str, int] = field(default_factory=dict)
     _warned_at: float = float("-inf")
 
@@ -122,15 +135,16 @@ class ConnectionGuard:
         )
         closed = Counter(
             "discovery_connections_closed",
-            "Connections the service closed before they sent a complete request: "
-            "request_timeout, head_too_large, or evicted (the longest waiting, to make "
-            "room for a new connection at the cap)",
+            "Connections the service closed: request_timeout, head_too_large (before a "
+            "complete request), evicted (the longest waiting, to make room for a new "
+            "connection at the cap), write_timeout (answers left unread)",
             ["reason"],
             registry=self.registry,
         )
         self.timed_out = closed.labels(reason="request_timeout")
         self.head_too_large = closed.labels(reason="head_too_large")
         self.evicted = closed.labels(reason="evicted")
+        self.unread = closed.labels(reason="write_timeout")
         Gauge(
             "discovery_connections_open",
             "Client connections open now",
@@ -143,19 +157,43 @@ class ConnectionGuard:
         ).set(self.max_connections)
 
     def make_room(self) -> bool:
-        """At the cap: closes the connection that has waited longest for a request
-        (False, and the caller refuses the new one, when every connection is busy)."""
+        """At the cap: closes the connection that has waited longest for a request,
+        else resets the one whose answers have waited longest, unread, else the one
+        that queued requests first (False, and the caller refuses the new one, when
+        every connection is busy with one request)."""
         while self.waiting:
-            owner = next(iter(self.waiting))
-            transport = self.waiting.pop(owner)
+            transport = self._take(self.waiting)
             if not transport.is_closing():
-                transport.close()
-                self.evicted.inc()
-                self._note("evicted")
-                return True
+                # Its last answer may still wait for the client to read it: then a
+                # close would wait for it to be flushed, maybe for ever.
+                if transport.get_write_buffer_size():
+                    reset(transport)
+                else:
+                    transport.close()
+                return self._evicted()
+        for heavy in (self.stalled, self.queued):
+            if heavy:
+                reset(self._take(heavy))
+                return self._evicted()
         self.refused.inc()
         self._note("refused")
         return False
+
+    def _take(self, pool: dict[object, asyncio.Transport]) -> asyncio.Transport:
+        """The first connection of `pool`, out of every pool (one may be in several)."""
+        owner = next(iter(pool))
+        transport = pool[owner]
+        for each in (self.waiting, self.stalled, self.queued):
+            each.pop(owner, None)
+        return transport
+
+    def _evicted(self) -> bool:
+        self.evicted.inc()
+        self._note("evicted")
+        return True
+
+    def write_timed_out(self) -> None:
+        self.unread.inc()
 
     def _note(self, what: str) -> None:
         self._since_warning[what] = self._since_warning.get(what, 0) + 1
@@ -199,7 +237,8 @@ _HEAD_TOO_LARGE = _answer(
 def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with `guard`'s limits (pass it as `http=` to uvicorn.Config)."""
 
-    class GuardedProtocol(HttpToolsProtocol):
+    class GuardedProtocol(BackpressuredProtocol):
+        limits = guard
         _deadline: asyncio.TimerHandle | None = None  # armed while waiting for a request
         _refused = False
         _rejected = False  # answered 431: what else arrives is ignored
@@ -230,10 +269,13 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
         def data_received(self, data: bytes) -> None:
             if self._refused or self._rejected or self.transport.is_closing():
                 return
-            in_head, heads = self._in_head, self._heads
             super().data_received(data)
+
+        def _feed(self, data: bytes | memoryview) -> None:
+            in_head, heads = self._in_head, self._heads
+            super()._feed(data)
             if in_head and self._in_head and heads == self._heads and not self._rejected:
-                # The whole chunk belongs to a head that is still incomplete.
+                # The whole piece belongs to a head that is still incomplete.
                 self._head_bytes += len(data)
                 if self._head_bytes > guard.max_head_bytes:
                     self._reject_head()
@@ -291,6 +333,7 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 guard.head_too_large.inc()
                 self.transport.write(_HEAD_TOO_LARGE)
                 self.transport.close()
+                self._linger()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -329,6 +372,7 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 return
             guard.timed_out.inc()
             self.transport.close()
+            self._linger()
 
     return GuardedProtocol
 

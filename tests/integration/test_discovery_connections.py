@@ -16,6 +16,7 @@ import asyncio
 import errno
 import json
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
+from discovery.backpressure import WRITE_TIMEOUT
 from discovery.connections import (
     KEEP_ALIVE,
     REQUEST_TIMEOUT,
@@ -107,6 +109,14 @@ def connect(port: int, send: bytes = b"") -> socket.socket:
     if send:
         sock.sendall(send)
     return sock
+
+
+def reset_by_peer(sock: socket.socket) -> bool:
+    """True once the peer has reset the connection, found without reading (reading
+    would unblock a peer that waits for this side to read)."""
+    poll = select.poll()
+    poll.register(sock, select.POLLERR | select.POLLHUP)
+    return bool(poll.poll(0))
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -207,8 +217,12 @@ def test_a_graceful_stop_with_half_sent_requests_logs_no_traceback(tmp_path: Pat
 # -- the protocol in a thread, with a tiny cap -----------------------------------------------
 
 
+BIG_ANSWER = 16 * 1024 * 1024  # more than the kernel's socket buffers hold
+
+
 class SlowApp:
-    """200 "ok" for any request; requests to /slow wait until `release` is set."""
+    """200 "ok" for any request; requests to /slow wait until `release` is set;
+    /big is answered with BIG_ANSWER bytes."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -222,20 +236,24 @@ class SlowApp:
             self.started += 1
             while not self.release.is_set():
                 await asyncio.sleep(0.01)
-        headers = [(b"content-length", b"2")]
+        body = b"b" * BIG_ANSWER if scope["path"] == "/big" else b"ok"
+        headers = [(b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await send({"type": "http.response.body", "body": body})
 
 
 @contextmanager
 def guarded_server(
-    max_connections: int, request_timeout: float = REQUEST_TIMEOUT
+    max_connections: int,
+    request_timeout: float = REQUEST_TIMEOUT,
+    write_timeout: float = WRITE_TIMEOUT,
 ) -> Iterator[tuple[int, ConnectionGuard, SlowApp]]:
     app = SlowApp()
     guard = ConnectionGuard(
         max_connections=max_connections,
         registry=CollectorRegistry(),
         request_timeout=request_timeout,
+        write_timeout=write_timeout,
     )
     port = free_port()
     config = uvicorn.Config(
@@ -373,3 +391,34 @@ def test_a_head_over_64_kib_in_one_write_gets_431_too() -> None:
         fits = connect(port, filled_head(60))
         assert answer(fits).startswith(b"HTTP/1.1 200 ")
         assert closed(guard, "head_too_large") == 1
+
+
+# -- answers nobody reads (discovery/backpressure.py) ----------------------------------------
+
+
+def test_a_connection_whose_answers_are_not_read_is_reset_after_the_write_timeout() -> None:
+    with guarded_server(max_connections=100, write_timeout=0.5) as (port, guard, _):
+        unread = connect(port, get("/big"))
+        wait_for(lambda: reset_by_peer(unread), timeout=5)
+        assert closed(guard, "write_timeout") == 1
+        # A client that reads gets the whole answer, however long it takes past the
+        # timeout: 16 MiB at about 6 MiB/s, read by read.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as reader:
+            reader.sendall(get("/big"))
+            received, started = 0, time.monotonic()
+            while received < BIG_ANSWER:
+                received += len(reader.recv(65536))
+                time.sleep(0.01)
+            assert time.monotonic() - started > 4 * 0.5
+        assert closed(guard, "write_timeout") == 1
+
+
+def test_at_the_cap_with_none_idle_a_connection_whose_answers_are_unread_makes_room() -> None:
+    with guarded_server(max_connections=4) as (port, guard, _):
+        unread = [connect(port, get("/big")) for _ in range(4)]
+        wait_for(lambda: len(guard.stalled) == 4, timeout=5)
+        fresh = connect(port, get())
+        assert answer(fresh).startswith(b"HTTP/1.1 200 "), "the new connection was not served"
+        assert sum(reset_by_peer(s) for s in unread) == 1
+        assert closed(guard, "evicted") == 1
+        assert guard.registry.get_sample_value("discovery_connections_refused_total") == 0

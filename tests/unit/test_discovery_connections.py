@@ -1,7 +1,9 @@
-"""The pure parts of discovery/connections.py: the connection cap, the raised
-descriptor limit, the log filter for handlers cancelled at a stop, and the
-head size limit, read by read, on the protocol with a transport of the
-test's (the connections over sockets: tests/integration/test_discovery_connections.py)."""
+"""The pure parts of discovery/connections.py and discovery/backpressure.py:
+the connection cap, the raised descriptor limit, the log filter for handlers
+cancelled at a stop, and, on the protocol with a transport of the test's,
+the head size limit read by read, the bound on pipelined requests and the
+write timeout (the connections over sockets:
+tests/integration/test_discovery_connections.py and test_discovery_pipelining.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
+from discovery.backpressure import MAX_PIPELINED
 from discovery.connections import (
     MAX_HEAD_BYTES,
     ConnectionGuard,
@@ -94,12 +97,21 @@ class Transport(asyncio.Transport):
         super().__init__()
         self.written = b""
         self.closed = False
+        self.aborted = False
+        self.reading = True
+        self.unsent = 0  # bytes the test says the client has not read
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += bytes(data)
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
 
     def is_closing(self) -> bool:
         return self.closed
@@ -110,10 +122,10 @@ class Transport(asyncio.Transport):
         )
 
     def pause_reading(self) -> None:
-        pass
+        self.reading = False
 
     def resume_reading(self) -> None:
-        pass
+        self.reading = True
 
 
 def head(size: int, method: bytes = b"GET") -> bytes:
@@ -194,3 +206,168 @@ def test_heads_under_the_limit_are_served_however_they_arrive() -> None:
     post = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n" + body
     written, _, requests, count = feed(post)
     assert written.startswith(b"HTTP/1.1 200 ") and requests == 1 and count == 0
+
+
+# -- pipelined requests and unread answers (discovery/backpressure.py) -------------------------
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+
+class Pipelined:
+    """One connection of the protocol, on the running loop, to an app that answers
+    each request with its path once `go` is set."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+        self.go = asyncio.Event()
+        self.started: list[str] = []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            self.started.append(scope["path"])
+            await self.go.wait()
+            body = scope["path"].encode()
+            headers = [(b"content-length", b"%d" % len(body))]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+        self.protocol = protocol_class(guard)(config, ServerState(), {}, asyncio.get_running_loop())
+        self.transport = Transport()
+        self.protocol.connection_made(self.transport)
+
+    def waiting(self) -> int:
+        """Requests parsed and not yet started (uvicorn's queue)."""
+        return len(self.protocol.pipeline)
+
+    def answered(self) -> list[bytes]:
+        return [
+            part.rsplit(b"\r\n\r\n", 1)[-1]
+            for part in self.transport.written.split(b"HTTP/1.1 ")[1:]
+        ]
+
+
+async def turns(count: int = 5) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_pipelined_requests_wait_at_most_max_pipelined_and_reading_pauses() -> None:
+    paths = [f"/r{i}" for i in range(1000)]
+
+    async def run() -> None:
+        conn = Pipelined(ConnectionGuard(max_connections=10, registry=CollectorRegistry()))
+        conn.protocol.data_received(b"".join(get(p) for p in paths))  # one read, 1,000 requests
+        await turns()
+        # One being answered, MAX_PIPELINED waiting, the rest of the read held.
+        assert conn.started == ["/r0"] and conn.waiting() == MAX_PIPELINED
+        assert not conn.transport.reading and conn.protocol in conn.guard.queued
+        conn.protocol.flow.resume_reading()  # what uvicorn calls on every answer and body read
+        assert not conn.transport.reading
+        conn.go.set()
+        most = 0
+        for _ in range(20 * len(paths)):
+            await asyncio.sleep(0)
+            most = max(most, conn.waiting())
+            if len(conn.answered()) == len(paths):
+                break
+        assert conn.answered() == [p.encode() for p in paths]  # each once, in order
+        assert most <= MAX_PIPELINED and conn.transport.reading  # read on once all was fed
+        assert conn.guard.queued == {}
+        conn.protocol.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_a_head_split_across_reads_is_served_when_the_queue_was_full() -> None:
+    """The held rest of a read ends in half a head; the next read completes it."""
+    whole = b"".join(get(f"/r{i}") for i in range(40))
+
+    async def run() -> None:
+        conn = Pipelined(ConnectionGuard(max_connections=10, registry=CollectorRegistry()))
+        conn.protocol.data_received(whole[:-7])
+        conn.protocol.data_received(whole[-7:])  # arrived before the pause took effect
+        conn.go.set()
+        for _ in range(2000):
+            await asyncio.sleep(0)
+        assert conn.answered() == [f"/r{i}".encode() for i in range(40)]
+        conn.protocol.connection_lost(None)
+
+    asyncio.run(run())
+
+
+def test_answers_left_unread_past_the_write_timeout_close_the_connection() -> None:
+    """The timer starts when the transport's buffer passes its high-water mark
+    (pause_writing) and stops when it drains (resume_writing); a write timeout
+    of 0 fires at the loop's next turn."""
+
+    async def run() -> None:
+        guard = ConnectionGuard(max_connections=10, registry=CollectorRegistry(), write_timeout=0)
+        drained, stuck = Pipelined(guard), Pipelined(guard)
+        for conn in (drained, stuck):
+            conn.transport.unsent = 100_000
+            conn.protocol.pause_writing()
+        assert set(guard.stalled) == {drained.protocol, stuck.protocol}
+        drained.transport.unsent = 0
+        drained.protocol.resume_writing()
+        await turns()
+        assert stuck.transport.aborted and not drained.transport.closed
+        assert guard.stalled == {}
+        assert closed_count(guard, "write_timeout") == 1
+
+    asyncio.run(run())
+
+
+def test_a_client_that_reads_slowly_gets_another_period_each_time_it_reads() -> None:
+    async def run() -> None:
+        guard = ConnectionGuard(max_connections=10, registry=CollectorRegistry(), write_timeout=0)
+        conn = Pipelined(guard)
+        conn.transport.unsent = 3_000_000  # a large answer, buffered at once
+        conn.protocol.pause_writing()
+        for unsent in (2_000_000, 1_000_000, 500_000):
+            conn.transport.unsent = unsent  # the client read some during the period
+            await asyncio.sleep(0)
+            assert not conn.transport.closed and guard.stalled
+        await turns()  # a whole period without a byte read
+        assert conn.transport.aborted and closed_count(guard, "write_timeout") == 1
+
+    asyncio.run(run())
+
+
+def test_a_close_with_answers_unsent_is_aborted_after_the_write_timeout() -> None:
+    """A close waits for the unsent answers to be flushed: a client that never
+    reads them would hold the connection for ever."""
+
+    async def run() -> None:
+        guard = ConnectionGuard(max_connections=10, registry=CollectorRegistry(), write_timeout=0)
+        conn = Pipelined(guard)
+        conn.transport.unsent = 1000  # under the high-water mark: no pause_writing
+        conn.protocol.timeout_keep_alive_handler()  # uvicorn's keep-alive timeout closes it
+        assert conn.transport.closed and not conn.transport.aborted
+        await turns()
+        assert conn.transport.aborted and closed_count(guard, "write_timeout") == 1
+
+    asyncio.run(run())
+
+
+def test_at_the_cap_idle_connections_make_room_then_unread_ones_then_pipelining_ones() -> None:
+    guard = ConnectionGuard(max_connections=2, registry=CollectorRegistry())
+    idle, answered, stalled, queued = Transport(), Transport(), Transport(), Transport()
+    answered.unsent = 1000  # waits for its next request, its last answer unread
+    guard.waiting.update({object(): idle, object(): answered})
+    pipelining_and_stalled = object()
+    guard.stalled[pipelining_and_stalled] = stalled
+    guard.queued.update({pipelining_and_stalled: stalled, object(): queued})
+    assert guard.make_room() and idle.closed and not idle.aborted and not stalled.closed
+    # A close would wait for the unread answers to be flushed: never.
+    assert guard.make_room() and answered.aborted and not stalled.closed
+    assert guard.make_room() and stalled.aborted and not queued.closed
+    assert guard.make_room() and queued.aborted  # not the one already reset
+    assert not guard.make_room()  # every connection busy with one request: refused
+    assert closed_count(guard, "evicted") == 4
+    assert guard.registry.get_sample_value("discovery_connections_refused_total") == 1
+
+
+def closed_count(guard: ConnectionGuard, reason: str) -> float | None:
+    return guard.registry.get_sample_value("discovery_connections_closed_total", {"reason": reason})
