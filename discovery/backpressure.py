@@ -84,7 +84,7 @@ class ReadGate(FlowControl):
         self._may_read = may_read
 
     def resume_reading(self) -> None:
-        if self._may_read():
+        if self.read_paused and self._may_read():
             super().resume_reading()
 
 
@@ -97,6 +97,7 @@ class BackpressuredProtocol(HttpToolsProtocol):
     _write_deadline: asyncio.TimerHandle | None = None  # armed while answers wait unread
     _unsent = 0  # the transport's buffer when the write timer was armed
     _lost = False
+    _queued = False  # in limits.queued
     _answering: RequestResponseCycle | None = None  # the request being answered
 
     def connection_made(  # type: ignore[override]  # as uvicorn's
@@ -109,7 +110,8 @@ class BackpressuredProtocol(HttpToolsProtocol):
         self._lost = True
         self._held = b""
         self._unstall()
-        self.limits.queued.pop(self, None)
+        if self._queued:
+            self.limits.queued.pop(self, None)
         # uvicorn tells only the last request parsed that the client is gone, and
         # then wakes every answer waiting for the buffer to drain: the one being
         # answered, an earlier one when requests were queued, would write to the
@@ -134,6 +136,12 @@ class BackpressuredProtocol(HttpToolsProtocol):
             self._held += data
             self.flow.pause_reading()
             return
+        end = data.find(_END_OF_HEAD)
+        if (end < 0 or end + len(_END_OF_HEAD) == len(data)) and not self.pipeline:
+            self._feed(data)  # at most one head ends in it: the usual read, fed whole
+            if self.pipeline:
+                self._note_queue()
+            return
         self._feed_bounded(data)
 
     def _feed_bounded(self, data: bytes) -> None:
@@ -146,33 +154,35 @@ class BackpressuredProtocol(HttpToolsProtocol):
                 break
             end = data.find(_END_OF_HEAD, start)
             stop = len(data) if end < 0 else end + len(_END_OF_HEAD)
-            self._feed(data if stop - start == len(data) else whole[start:stop])
+            piece = data if stop - start == len(data) else whole[start:stop]
+            self._feed(piece)  # type: ignore[arg-type]  # httptools takes a memoryview
             start = stop
         self._note_queue()
 
     def _note_queue(self) -> None:
         if self.pipeline:
-            self.limits.queued.setdefault(self, self.transport)
-        else:
+            if not self._queued:
+                self._queued = True
+                self.limits.queued[self] = self.transport
+        elif self._queued:
+            self._queued = False
             self.limits.queued.pop(self, None)
 
-    def _feed(self, data: bytes | memoryview) -> None:
-        """One piece of a read to the parser (the subclass counts heads' bytes here)."""
-        super().data_received(data)  # type: ignore[arg-type]  # httptools takes a memoryview
+    # One piece of a read to the parser (the subclass counts heads' bytes around it):
+    # uvicorn's data_received itself, one call less on every request.
+    _feed = HttpToolsProtocol.data_received
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # starts the next queued request, if any
-        if self._lost:
-            return
         if self.transport.is_closing():
             self._linger()
-            return
-        if self._held and len(self.pipeline) < self.limits.max_pipelined:
-            held, self._held = self._held, b""
-            self._feed_bounded(held)
-        else:
-            self._note_queue()
-        self.flow.resume_reading()  # uvicorn's call came before the queue shrank
+        elif self._queued:  # requests were queued, or held: one went out of the queue
+            if self._held and len(self.pipeline) < self.limits.max_pipelined:
+                held, self._held = self._held, b""
+                self._feed_bounded(held)
+            else:
+                self._note_queue()
+            self.flow.resume_reading()  # uvicorn's call came before the queue shrank
 
     # -- the write side ----------------------------------------------------------------------
 

@@ -273,7 +273,7 @@ def protocol_class(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
 
         def _feed(self, data: bytes | memoryview) -> None:
             in_head, heads = self._in_head, self._heads
-            super()._feed(data)
+            super()._feed(data)  # type: ignore[arg-type]  # httptools takes a memoryview
             if in_head and self._in_head and heads == self._heads and not self._rejected:
                 # The whole piece belongs to a head that is still incomplete.
                 self._head_bytes += len(data)
