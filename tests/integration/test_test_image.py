@@ -82,10 +82,9 @@ def sha256_file_of(image: Path) -> str:
 
 def build(
     out_dir: Path | None = None, kernel: str = "generic", script: Path = SCRIPT
-) -> tuple[subprocess.CompletedProcess[str], float]:
+) -> subprocess.CompletedProcess[str]:
     argv = [str(script)] + ([str(out_dir)] if out_dir else [])
-    started = time.monotonic()
-    done = subprocess.run(
+    return subprocess.run(
         argv,
         cwd=ROOT,
         env={**os.environ, "TEST_IMAGE_KERNEL": kernel},
@@ -94,7 +93,6 @@ def build(
         timeout=900,
         check=False,
     )
-    return done, time.monotonic() - started
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +104,7 @@ def image_of() -> Callable[[str], Image]:
 
     def get(kernel: str) -> Image:
         if kernel not in built:
-            done, _ = build(kernel=kernel)
+            done = build(kernel=kernel)
             assert done.returncode == 0, done.stderr
             qcow2 = Path(done.stdout.strip().splitlines()[-1])
             assert qcow2.parent == CACHE, done.stdout
@@ -169,12 +167,11 @@ def test_second_run_is_cached(image: Image) -> None:
     before = {p: p.stat().st_mtime_ns for p in outputs}
     digest = image.sha256
 
-    done, elapsed = build()
+    done = build()
 
     assert done.returncode == 0, done.stderr
     assert "cached" in done.stderr, done.stderr
     assert done.stdout.strip() == str(image.qcow2)
-    assert elapsed < 1.0, f"a cached run took {elapsed:.2f}s"
     assert {p: p.stat().st_mtime_ns for p in outputs} == before
     assert image.sha256 == digest
 
@@ -195,7 +192,7 @@ def test_rebuilds_on_a_recipe_change_with_the_same_bytes(image: Image, tmp_path:
         (out / ".debs" / "tiny-uefi").mkdir(parents=True, exist_ok=True)
         shutil.copy2(deb, out / ".debs" / "tiny-uefi" / deb.name)
 
-    first, cold = build(out, script=script)
+    first = build(out, script=script)
     assert first.returncode == 0, first.stderr
     assert "building" in first.stderr, first.stderr
     # Same recipe in another place and at another time: the same bytes.
@@ -203,15 +200,17 @@ def test_rebuilds_on_a_recipe_change_with_the_same_bytes(image: Image, tmp_path:
     assert sha256_file_of(out / "tiny-uefi.raw") == sha256_file_of(image.raw)
 
     script.write_text(script.read_text() + "# a recipe change\n")
-    second, _ = build(out, script=script)
+    second = build(out, script=script)
     assert second.returncode == 0, second.stderr
     assert "building" in second.stderr, second.stderr
     assert sha256_file_of(out / "tiny-uefi.qcow2") == image.sha256
 
-    third, warm = build(out, script=script)
+    # A cached run rewrites nothing (how fast it is belongs in bench/, not here).
+    built = {p: p.stat().st_mtime_ns for p in out.glob("tiny-uefi.*")}
+    third = build(out, script=script)
     assert third.returncode == 0, third.stderr
     assert "cached" in third.stderr, third.stderr
-    assert warm < 1.0 < cold
+    assert {p: p.stat().st_mtime_ns for p in out.glob("tiny-uefi.*")} == built
 
 
 # ---- boot ----------------------------------------------------------------------
