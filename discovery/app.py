@@ -37,6 +37,7 @@ from discovery.middleware import BearerAuth, BodyLimit, RequestMetrics
 from discovery.openapi import openapi_document
 from discovery.schemas import GatewayReportRequest
 from discovery.service import Service
+from discovery.signals import BadSignalsQuery, parse_window, signals_json
 from discovery.ui import Sessions, ui_routes
 
 _STATUS_CODES = {
@@ -68,6 +69,15 @@ def create_app(service: Service) -> ASGIApp:
 
     async def proxies(request: Request) -> Response:
         return json_response({"proxies": await book().proxies_json()})
+
+    async def signals(request: Request) -> Response:
+        try:
+            window = parse_window(
+                {key: request.query_params.getlist(key) for key in request.query_params}
+            )
+        except BadSignalsQuery as exc:
+            return error(400, "bad_request", str(exc))
+        return json_response(await signals_json(book(), window))
 
     async def gateway_report(request: Request) -> Response:
         body = parse(await request.body(), GatewayReportRequest)
@@ -138,6 +148,7 @@ def create_app(service: Service) -> ASGIApp:
     app = Starlette(
         routes=[
             Route("/v1/proxies", proxies, methods=["GET"]),
+            Route("/v1/signals", signals, methods=["GET"]),
             Route("/v1/gateway/report", gateway_report, methods=["POST"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from discovery.book.signals import MAX_WINDOW_S, MIN_WINDOW_S
 from discovery.schemas import (
     ErrorAnswer,
     FleetStatus,
@@ -18,6 +19,7 @@ from discovery.schemas import (
     ProxiesAnswer,
     RenewRequest,
     ReportRequest,
+    SignalsAnswer,
     StatusAnswer,
 )
 from discovery.status import DEFAULT_LIMIT, MAX_LIMIT, MAX_OFFSET, STATES
@@ -161,6 +163,35 @@ def _operations() -> dict[str, dict[str, Any]]:
                 },
             }
         },
+        "/v1/signals": {
+            "get": {
+                "operationId": "signals",
+                "tags": ["fleet"],
+                "summary": "What the autopilot reads: bans per proxy, unmet grants per group",
+                "description": "Counted by the store over the window ending at its clock: every "
+                "replica of a shared store answers alike. Never shows credentials.",
+                "parameters": [
+                    _query(
+                        "window",
+                        {
+                            "type": "integer",
+                            "minimum": int(MIN_WINDOW_S),
+                            "maximum": int(MAX_WINDOW_S),
+                        },
+                        "seconds; default 600",
+                    )
+                ],
+                "responses": {
+                    "200": _json(SignalsAnswer, "every proxy and every group of the fleet"),
+                    "400": _error("window is no whole number of seconds from 1 to 86400"),
+                    "401": _COMMON_ERRORS["401"],
+                    "429": _BRAKED,
+                    "503": _error(
+                        "the lease store cannot be read now (store_unavailable, overloaded)"
+                    ),
+                },
+            }
+        },
         "/ui/api/status": {
             "get": {
                 "operationId": "fleetStatus",
@@ -258,6 +289,7 @@ def openapi_document(*, bearer: bool) -> dict[str, Any]:
         GatewayReportRequest,
         LeaseAnswer,
         ProxiesAnswer,
+        SignalsAnswer,
         FleetStatus,
         ErrorAnswer,
         StatusAnswer,

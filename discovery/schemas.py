@@ -215,6 +215,49 @@ class FleetStatus(BaseModel):
     proxies: list[StatusProxyView] = Field(description="one page of the matching proxies")
 
 
+class ProxySignals(BaseModel):
+    name: str
+    group: str = Field(description="the proxies[] entry it is a replica of (its name without -N)")
+    health: Literal["unknown", "healthy", "unhealthy"]
+    leased: bool
+    blocked_sites: int = Field(
+        alias="blockedSites",
+        ge=0,
+        description="distinct sites (report targets) that reported it blocked within the window",
+    )
+    blocks: int = Field(
+        ge=0, description="`blocked` reports within the window, with or without a target"
+    )
+    last_blocked_at: str | None = Field(
+        alias="lastBlockedAt", description="the latest of them, RFC 3339, UTC"
+    )
+
+
+class GroupSignals(BaseModel):
+    name: str = Field(description="a proxies[] entry of the stack")
+    proxies: int = Field(ge=0, description="its proxies in the fleet now")
+    healthy: int = Field(ge=0, description="of those, probed healthy now")
+    leased: int = Field(ge=0, description="of those, leased now")
+    refused: int = Field(
+        ge=0,
+        description="grants refused (409) within the window whose selector matched a proxy of it",
+    )
+    refused_holders: int = Field(
+        alias="refusedHolders", ge=0, description="distinct holders among those grants"
+    )
+    first_refused_at: str | None = Field(
+        alias="firstRefusedAt", description="the first of them within the window, RFC 3339, UTC"
+    )
+    last_refused_at: str | None = Field(alias="lastRefusedAt", description="the latest of them")
+
+
+class SignalsAnswer(BaseModel):
+    now: str = Field(description="the store's clock, RFC 3339, UTC: the window ends here")
+    window_seconds: int = Field(alias="windowSeconds", ge=1)
+    proxies: list[ProxySignals] = Field(description="every proxy of the fleet, in manifest order")
+    groups: list[GroupSignals] = Field(description="every group of the fleet")
+
+
 class ErrorAnswer(BaseModel):
     error: str = Field(description="a stable code: bad_request, unauthorized, lease_not_found, ...")
     detail: str

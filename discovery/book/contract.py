@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from discovery.book.signals import SignalCounts
 from discovery.fleet import Fleet, FleetProxy
 from discovery.health_source import HealthSource
 from discovery.metrics import Metrics, StateSnapshot
@@ -113,6 +114,16 @@ class LeaseBook(Protocol):
     async def proxies_json(self, *, detail: bool = False) -> list[dict[str, Any]]:
         """The fleet as `GET /v1/proxies` shows it; `detail` adds each lease's
         holder and end and the recent probe times (the status page)."""
+        ...
+
+    async def signals(self, window: float) -> SignalCounts:
+        """The store's counts over the last `window` seconds of its clock
+        (discovery/book/signals.py): `blocked` reports per proxy with their
+        distinct targets, and grants refused (409) per proxy group their
+        selector matched (each a grant refused for every group it matched;
+        one matching no proxy counts for none). Counted from what the store
+        keeps, so every replica of a shared store answers alike; a grant
+        refused by this book is counted once this returns."""
         ...
 
     async def refresh_snapshot(self) -> None:

@@ -16,6 +16,7 @@ fleet) never revives it. SQLite ends such leases at the fleet change."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -39,6 +40,12 @@ from discovery.book.rules import (
     refusal,
     renewal_ttl,
     report_effect,
+)
+from discovery.book.signals import (
+    REFUSAL_RETENTION_S,
+    REFUSALS_KEPT,
+    SignalCounts,
+    groups_of,
 )
 from discovery.book.views import ProxyDetail, proxy_json, taking_turns
 from discovery.fleet import Fleet, FleetProxy
@@ -112,6 +119,7 @@ class PostgresBook:
         await self._call(fleets.register(self._store, self._store.fleet, proxies, ()))
         self._metrics.revoked.inc(await self._call(fleets.forget_dead(self._store)))
         await self._call(self._store.prune(REPORT_RETENTION_S, REPORTS_KEPT))
+        await self._call(self._store.prune_refusals(REFUSAL_RETENTION_S, REFUSALS_KEPT))
 
     # -- the API's operations ------------------------------------------------------------
 
@@ -134,6 +142,11 @@ class PostgresBook:
             ]
             denial = refusal(candidates, host, now, self._terms.probe_interval)
             self._metrics.denied.labels(denial.reason).inc()
+            groups = groups_of(r.name for r in rows)
+            if groups:
+                # Counted for the autopilot; one that fails leaves the 409 as it is.
+                with contextlib.suppress(StoreUnavailable):
+                    await self._call(self._store.add_refusals(groups, holder))
             raise denial
         if row.replaced:  # the proxy's expired lease ended here, not in a sweep
             self._metrics.expired.inc()
@@ -268,6 +281,9 @@ class PostgresBook:
                 )
             )
         return answer
+
+    async def signals(self, window: float) -> SignalCounts:
+        return await self._call(self._store.count_signals(window))
 
     async def refresh_snapshot(self) -> None:
         counts = await self._call(self._store.gauges())

@@ -152,6 +152,25 @@ PRUNE = (
 
 CLOCK = f"SELECT {EPOCH.format(NOW)} AS now"
 
+# A refused grant, one row per group its selector matched (book/signals.py).
+ADD_REFUSALS = f"""INSERT INTO discovery_refusals (at, grp, holder)
+    SELECT {NOW}, g, %(holder)s FROM unnest(%(groups)s::text[]) AS g"""
+PRUNE_REFUSALS = (
+    f"DELETE FROM discovery_refusals WHERE at < {NOW} - make_interval(secs => %(retention)s)",
+    """DELETE FROM discovery_refusals
+       WHERE seq <= (SELECT max(seq) FROM discovery_refusals) - %(kept)s""",
+)
+# What GET /v1/signals counts over the last %(window)s seconds: `blocked`
+# reports per proxy, refusals per group (in one transaction, with CLOCK).
+SINCE = f"{NOW} - make_interval(secs => %(window)s)"
+BANS = f"""SELECT proxy, count(DISTINCT target)::int AS sites, count(*)::int AS blocks,
+        {EPOCH.format("max(at)")} AS last_at
+    FROM discovery_reports WHERE outcome = 'blocked' AND at > {SINCE} GROUP BY proxy"""
+REFUSALS = f"""SELECT grp AS "group", count(*)::int AS refused,
+        count(DISTINCT holder)::int AS holders,
+        {EPOCH.format("min(at)")} AS first_at, {EPOCH.format("max(at)")} AS last_at
+    FROM discovery_refusals WHERE at > {SINCE} GROUP BY grp"""
+
 # Each proxy of this fleet the selector matches, with its live lease's end
 # and its cooldowns under the grant's scopes, for the book's refusal (409);
 # the store's time on every row (one statement: a refusal is one round trip,

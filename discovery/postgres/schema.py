@@ -10,7 +10,7 @@ import psycopg
 
 from discovery.book.errors import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATION_LOCK = 0x6567_7265_7373  # "egress": the advisory lock key of schema changes
 
 # Index i holds the statements that bring the schema from version i to i + 1.
@@ -90,6 +90,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # also probes proxies only other replicas' fleets hold.
         """ALTER TABLE discovery_proxies ADD COLUMN host text, ADD COLUMN port integer,
             ADD COLUMN username text, ADD COLUMN password text""",
+    ),
+    (
+        # Grants refused (409), one row per proxy group the selector matched:
+        # the autopilot's unmet demand (discovery/book/signals.py).
+        """CREATE TABLE discovery_refusals (
+            seq     bigserial PRIMARY KEY,
+            at      timestamptz NOT NULL,
+            grp     text NOT NULL,
+            holder  text NOT NULL
+        )""",
+        "CREATE INDEX discovery_refusals_at ON discovery_refusals (at)",
     ),
 )
 

@@ -42,6 +42,7 @@ from psycopg.rows import class_row, tuple_row
 from discovery.book.contract import LeaseRecord
 from discovery.book.errors import StoreError
 from discovery.book.rules import Eligibility
+from discovery.book.signals import BanCount, RefusalCount, SignalCounts
 from discovery.database import PostgresUrl
 from discovery.logs import event
 from discovery.postgres import queries as q
@@ -242,7 +243,29 @@ class PostgresStore:
             for statement in q.PRUNE:
                 await conn.execute(statement, params)
 
+    async def add_refusals(self, groups: Sequence[str], holder: str) -> None:
+        """A grant refused now, for each of `groups` (discovery/book/signals.py)."""
+        async with self.connection(transaction=False) as conn:
+            await conn.execute(q.ADD_REFUSALS, self.params(groups=list(groups), holder=holder))
+
+    async def prune_refusals(self, retention: float, kept: int) -> None:
+        params = self.params(retention=retention, kept=kept)
+        async with self.connection(transaction=True) as conn:
+            for statement in q.PRUNE_REFUSALS:
+                await conn.execute(statement, params)
+
     # -- views -----------------------------------------------------------------------------
+
+    async def count_signals(self, window: float) -> SignalCounts:
+        """The store's time, the `blocked` reports per proxy and the refusals
+        per group of the last `window` seconds (one transaction; every proxy
+        and group the store knows: the book keeps its fleet's)."""
+        params = self.params(window=window)
+        async with self.connection(transaction=True) as conn:
+            now = await self.one(conn, Now, q.CLOCK, params)
+            bans = await self.all(conn, BanCount, q.BANS, params)
+            refusals = await self.all(conn, RefusalCount, q.REFUSALS, params)
+        return SignalCounts(now.now if now else 0.0, window, bans, refusals)
 
     async def candidates(self, wanted: Eligibility) -> tuple[float, list[CandidateRow]]:
         """The store's time and the state of each proxy of this fleet the

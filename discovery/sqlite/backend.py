@@ -24,6 +24,7 @@ from discovery.metrics import Metrics
 from discovery.sqlite.book import SqliteBook
 from discovery.sqlite.ops import StoredState, Touch, Write
 from discovery.sqlite.store import SqliteStore
+from discovery.sqlite.tally import Tally
 
 STORE_PROBE_S = 1.0
 
@@ -68,6 +69,7 @@ class SqliteBackend:
             metrics=metrics,
             terms=self._terms,
             clock=self._clock,
+            tally=Tally(self.store),
         )
         await book.restore(self._state, fleet)
         self._state = None  # the book owns it now

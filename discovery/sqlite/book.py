@@ -50,6 +50,7 @@ from discovery.book.rules import (
     renewal_ttl,
     report_effect,
 )
+from discovery.book.signals import REFUSAL_RETENTION_S, SignalCounts, groups_of
 from discovery.book.views import ProxyDetail, proxy_json, taking_turns
 from discovery.fleet import Fleet
 from discovery.health_source import HealthSource
@@ -70,6 +71,7 @@ from discovery.sqlite.ops import (
     StoredState,
     Write,
 )
+from discovery.sqlite.tally import Tally
 from health.model import Health
 
 log = logging.getLogger("discovery.leases")
@@ -88,8 +90,10 @@ class SqliteBook:
         metrics: Metrics,
         terms: Terms,
         clock: Callable[[], float] = time.time,
+        tally: Tally | None = None,
     ) -> None:
         self._write = write  # the store's (SqliteStore.write), durable once awaited
+        self._tally = tally  # refusals and the signals' counts (None: not kept)
         self._health = health
         self._metrics = metrics
         self._terms = terms
@@ -193,6 +197,8 @@ class SqliteBook:
             ]
             denial = refusal(candidates, host, now, self._terms.probe_interval)
             self._metrics.denied.labels(denial.reason).inc()
+            if self._tally is not None:
+                self._tally.refused(now, groups_of(c.name for c in candidates), holder)
             raise denial
         lifetime = cap_ttl(ttl, self._terms.max_ttl)
         lease = HeldLease(
@@ -297,7 +303,9 @@ class SqliteBook:
         await self.repair_pool()
         # A failure is logged by the store; the next round prunes more.
         with contextlib.suppress(StoreError):
-            await self._write((Prune(now, now - REPORT_RETENTION_S),))
+            await self._write(
+                (Prune(now, now - REPORT_RETENTION_S, refusals_before=now - REFUSAL_RETENTION_S),)
+            )
 
     async def _end_expired(self, leases: list[HeldLease], now: float) -> int:
         try:
@@ -374,6 +382,14 @@ class SqliteBook:
                 )
             )
         return answer
+
+    async def signals(self, window: float) -> SignalCounts:
+        if self._tally is None:
+            raise StoreUnavailable("this store keeps no signals")
+        try:
+            return await self._tally.count(self._clock(), window)
+        except StoreError:
+            raise StoreUnavailable("the lease store could not be read") from None
 
     async def refresh_snapshot(self) -> None:
         """Nothing to fetch: snapshot() reads memory."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from discovery.book.contract import LeaseRecord
 from discovery.book.rules import REPORTS_KEPT
+from discovery.book.signals import REFUSALS_KEPT
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,25 @@ class AddReport:
 
 
 @dataclass(frozen=True, slots=True)
+class AddRefusals:
+    """A grant refused (409) at `at`: one row per group its selector matched
+    (discovery/book/signals.py)."""
+
+    at: float
+    groups: tuple[str, ...]
+    holder: str
+
+
+@dataclass(frozen=True, slots=True)
 class Prune:
     """Drops cooldowns that ended, reports older than `reports_before` and
-    all but the newest `reports_kept` reports."""
+    all but the newest `reports_kept` reports; refusals alike."""
 
     now: float
     reports_before: float
     reports_kept: int = REPORTS_KEPT
+    refusals_before: float | None = None  # None: none is too old
+    refusals_kept: int = REFUSALS_KEPT
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +87,7 @@ class Touch:
     store that failed finds out it can write again."""
 
 
-Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | Prune | Touch
+Op = PutLease | EndLease | PutCooldown | ForgetProxy | AddReport | AddRefusals | Prune | Touch
 # How the book writes: one unit of ops, durable once awaited, StoreError if
 # not (SqliteStore.write; a test's fault hook may stand in between).
 Write = Callable[[Sequence[Op]], Awaitable[None]]
@@ -88,6 +101,7 @@ class StoredState:
 
 
 __all__ = [
+    "AddRefusals",
     "AddReport",
     "CooldownRecord",
     "EndLease",

@@ -7,6 +7,7 @@ import sqlite3
 
 from discovery.book.rules import merge_cooldown
 from discovery.sqlite.ops import (
+    AddRefusals,
     AddReport,
     EndLease,
     ForgetProxy,
@@ -17,7 +18,7 @@ from discovery.sqlite.ops import (
     Touch,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Index i holds the statements that bring a store from version i to i + 1.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -58,6 +59,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ON CONFLICT (proxy) DO UPDATE SET last_used = excluded.last_used;
         END""",
     ),
+    (
+        # Grants refused (409), one row per proxy group the selector matched:
+        # the autopilot's unmet demand (discovery/book/signals.py).
+        """CREATE TABLE refusals (
+            seq     INTEGER PRIMARY KEY,
+            at      REAL NOT NULL,
+            grp     TEXT NOT NULL,
+            holder  TEXT NOT NULL
+        ) STRICT""",
+        "CREATE INDEX refusals_at ON refusals (at)",
+    ),
 )
 
 
@@ -94,16 +106,39 @@ def execute(db: sqlite3.Connection, op: Op) -> None:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (r.at, r.lease_id, r.proxy, r.holder, r.outcome, r.target),
             )
-        case Prune(now=now, reports_before=before, reports_kept=kept):
-            db.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
-            db.execute("DELETE FROM reports WHERE at < ?", (before,))
-            # seq is the rowid: new rows take max + 1, so the newest `kept`
-            # rows are those above max - kept.
-            db.execute(
-                "DELETE FROM reports WHERE seq <= (SELECT max(seq) FROM reports) - ?", (kept,)
+        case AddRefusals(at=at, groups=groups, holder=holder):
+            db.executemany(
+                "INSERT INTO refusals (at, grp, holder) VALUES (?, ?, ?)",
+                [(at, group, holder) for group in groups],
             )
+        case Prune(
+            now=now,
+            reports_before=before,
+            reports_kept=kept,
+            refusals_before=refused_before,
+            refusals_kept=refused_kept,
+        ):
+            db.execute("DELETE FROM cooldowns WHERE until <= ?", (now,))
+            _prune(db, "reports", before, kept)
+            if refused_before is not None:
+                _prune(db, "refusals", refused_before, refused_kept)
         case Touch():
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "execute"]
+def _prune(db: sqlite3.Connection, table: str, before: float, kept: int) -> None:
+    """Rows of `table` older than `before` go, and all but the newest `kept`."""
+    db.execute(f"DELETE FROM {table} WHERE at < ?", (before,))
+    # seq is the rowid: new rows take max + 1, so the newest `kept` rows are
+    # those above max - kept.
+    db.execute(f"DELETE FROM {table} WHERE seq <= (SELECT max(seq) FROM {table}) - ?", (kept,))
+
+
+# What GET /v1/signals counts (discovery/book/signals.py), over rows after `since`.
+BANS = """SELECT proxy, count(DISTINCT target), count(*), max(at) FROM reports
+    WHERE outcome = 'blocked' AND at > ? GROUP BY proxy"""
+REFUSALS = """SELECT grp, count(*), count(DISTINCT holder), min(at), max(at) FROM refusals
+    WHERE at > ? GROUP BY grp"""
+
+
+__all__ = ["BANS", "MIGRATIONS", "REFUSALS", "SCHEMA_VERSION", "execute"]

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import IO
 
 from discovery.book.errors import StoreError
+from discovery.book.signals import BanCount, RefusalCount, SignalCounts
 from discovery.logs import event
 from discovery.sqlite.ops import CooldownRecord, LeaseRecord, Op, StoredState
-from discovery.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, execute
+from discovery.sqlite.schema import BANS, MIGRATIONS, REFUSALS, SCHEMA_VERSION, execute
 
 log = logging.getLogger("discovery.store")
 
@@ -51,6 +52,11 @@ class SqliteStore:
         self.on_commit: Callable[[int, float], None] | None = None  # (ops, seconds), for metrics
         # Why the last transaction failed; None once one commits again (readiness).
         self.failure: str | None = None
+        # Reads that count over many rows (GET /v1/signals) run on a connection
+        # of their own, in a worker thread, one at a time: WAL lets them read
+        # what is committed while the writer goes on.
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -79,6 +85,8 @@ class SqliteStore:
             db.execute("PRAGMA foreign_keys = ON")
             self._migrate(db)
             state = self._read(db)
+            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only = ON")
         except sqlite3.Error as exc:
             self.close()
             raise StoreError(f"{self.path}: {exc}") from None
@@ -98,6 +106,10 @@ class SqliteStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         if self._lock_file is not None:
             self._lock_file.close()  # releases the flock
             self._lock_file = None
@@ -137,6 +149,30 @@ class SqliteStore:
         ]
         last_used = dict(db.execute("SELECT proxy, last_used FROM usage").fetchall())
         return StoredState(leases, cooldowns, last_used)
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def count_signals(self, now: float, window: float) -> SignalCounts:
+        """The `blocked` reports per proxy and the refused grants per group
+        after `now - window` (discovery/book/signals.py), as committed."""
+        return await asyncio.to_thread(self._count_signals, now, window)
+
+    def _count_signals(self, now: float, window: float) -> SignalCounts:
+        since = now - window
+        with self._read_lock:
+            db = self._reader
+            if db is None:
+                raise StoreError("the store is closed")
+            try:
+                db.execute("BEGIN")  # one snapshot for both counts
+                try:
+                    bans = [BanCount(*row) for row in db.execute(BANS, (since,))]
+                    refusals = [RefusalCount(*row) for row in db.execute(REFUSALS, (since,))]
+                finally:
+                    db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+        return SignalCounts(now, window, bans, refusals)
 
     # -- writing -------------------------------------------------------------------------
 

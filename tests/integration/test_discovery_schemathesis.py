@@ -54,6 +54,7 @@ OPERATIONS = [
     ("DELETE", "/v1/leases/{lease_id}", True),
     ("POST", "/v1/gateway/report", True),
     ("GET", "/v1/proxies", False),
+    ("GET", "/v1/signals", True),
     ("GET", "/ui/api/status", True),
     ("GET", "/healthz", False),
     ("GET", "/readyz", False),
