@@ -14,12 +14,15 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from proxyinfra.printable import Value
+
+if TYPE_CHECKING:  # the policy's models build on this module's Model
+    from proxyinfra.autopilot.policy import AutopilotPolicy
 
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
 """Logical names end up in libvirt, GCP and Kubernetes names: DNS-label rules."""
@@ -142,6 +145,7 @@ class StackConfig:
     base_dir: Path
     warnings: list[str] = field(default_factory=list)
     replica_lists: dict[str, list[str]] = field(default_factory=dict)  # proxy entry -> names
+    autopilot: AutopilotPolicy | None = None  # the block `egress-proxies:autopilot`, if any
 
     def replicas(self) -> list[Replica]:
         return [

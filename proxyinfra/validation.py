@@ -20,6 +20,7 @@ import pulumi
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from proxyinfra.autopilot.policy import AutopilotPolicy
 from proxyinfra.backend import Backend
 from proxyinfra.clients import client_ranges
 from proxyinfra.config import (
@@ -36,7 +37,7 @@ from proxyinfra.registry import backends
 
 __all__ = ["ConfigError", "ConfigIssue", "Replica", "StackConfig", "resolve_path", "validate"]
 
-TOP_LEVEL_KEYS = ("providers", "proxies", "squid")
+TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot")
 _OWN_PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
 }
@@ -165,12 +166,15 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     providers, broken = _parse_providers(raw.get("providers"), c)
     proxies = _parse_proxies(raw.get("proxies"), c)
     squid = _parse_squid(raw.get("squid"), c)
+    autopilot = _parse_autopilot(raw.get("autopilot"), c)
 
     for name, provider in providers.items():
         backends()[provider.type].check_provider(provider, _provider_path(raw, name), c)
     replicas = _check_proxies(proxies, providers, broken, c)
     if squid is not None:
         _check_squid(squid, proxies, providers, c)
+    if autopilot is not None:
+        _check_autopilot(autopilot, raw.get("proxies"), proxies, providers, c)
 
     if c.issues:
         raise ConfigError(c.issues)
@@ -182,6 +186,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         base_dir=base_dir,
         warnings=c.warnings,
         replica_lists=replicas,
+        autopilot=autopilot,
     )
 
 
@@ -251,6 +256,70 @@ def _parse_squid(value: Any, c: _Collector) -> Squid | None:
     except ValidationError as error:
         c.issues.extend(_pydantic_issues(error, "squid", Squid))
         return None
+
+
+def _parse_autopilot(value: Any, c: _Collector) -> AutopilotPolicy | None:
+    if value is None:
+        return None
+    try:
+        return AutopilotPolicy.model_validate(value)
+    except ValidationError as error:
+        c.issues.extend(_pydantic_issues(error, "autopilot", AutopilotPolicy))
+        return None
+
+
+def _check_autopilot(
+    policy: AutopilotPolicy,
+    raw_proxies: Any,
+    proxies: list[tuple[int, ProxyEntry]],
+    providers: dict[str, ProviderEntry],
+    c: _Collector,
+) -> None:
+    """The policy against the rest: groups are provisioned proxies[] entries
+    (their own errors listed already when they are broken), bounds in order,
+    egressPerPod names kubernetes providers."""
+    recycle, scale = policy.recycle, policy.scale
+    if recycle is not None:
+        if recycle.banned_sites is None and recycle.max_age is None:
+            c.add("autopilot.recycle", "nothing to recycle by: set bannedSites, maxAge or both")
+        for j, name in enumerate(recycle.egress_per_pod):
+            kind = providers[name].type if name in providers else None
+            if kind != "kubernetes":
+                what = f"is a {kind} provider" if kind else "is no provider"
+                c.add(
+                    f"autopilot.recycle.egressPerPod[{j}]",
+                    f"{name!r} {what}; only kubernetes providers are listed here",
+                )
+    if scale is None:
+        return
+    entries = {p.name: p for _, p in proxies}
+    listed = set(_raw_names(raw_proxies))
+    registered = backends()
+    for name, bounds in scale.groups.items():
+        path = f"autopilot.scale.groups.{name}"
+        entry = entries.get(name)
+        if entry is None:
+            if name not in listed:
+                known = ", ".join(entries) or "none defined"
+                c.add(path, f"unknown proxies[] entry {name!r} (proxies: {known})")
+        elif entry.provider in providers:
+            provider = providers[entry.provider]
+            if not registered[provider.type].provisions:
+                c.add(
+                    path,
+                    f"{name!r} is on {provider.type} provider {provider.name!r}, whose proxies have no replicas to scale",
+                )
+        if bounds.min > bounds.max:
+            c.add(f"{path}.min", f"greater than max ({bounds.max}) (got {bounds.min})")
+
+
+def _raw_names(raw_proxies: Any) -> list[str]:
+    """The names of proxies[] entries read leniently (broken ones included)."""
+    if not isinstance(raw_proxies, list):
+        return []
+    return [
+        e["name"] for e in raw_proxies if isinstance(e, Mapping) and isinstance(e.get("name"), str)
+    ]
 
 
 def _check_proxies(

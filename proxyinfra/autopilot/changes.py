@@ -1,0 +1,98 @@
+"""The planner's output and the memory it carries from round to round.
+
+A change's ``message`` is one line (no control characters, bounded): it
+becomes the Pulumi update's message and the decision log's reason, so a site
+name from a crawler's report cannot break either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+_SHOWN = 300
+
+
+def one_line(text: str) -> str:
+    """TEXT with every unprintable character (newlines, controls, bidi
+    overrides) as '?', cut to a bounded length."""
+    line = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return line if len(line) <= _SHOWN else line[: _SHOWN - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Recycle:
+    """Replace PROXY by a new one (a new generation, a new address)."""
+
+    group: str
+    proxy: str
+    rule: str  # "bannedSites" or "maxAge": the policy key that fired
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return one_line(f"autopilot: recycle {self.proxy} ({self.group}): {self.reason}")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Set GROUP's replicas from BEFORE to AFTER."""
+
+    group: str
+    before: int
+    after: int
+    rule: str  # "min", "max", "demand" or "idle"
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return one_line(
+            f"autopilot: scale {self.group} from {self.before} to {self.after}: {self.reason}"
+        )
+
+
+Change = Recycle | Scale
+
+
+@dataclass(frozen=True)
+class Held:
+    """A change a rule asked for and another rule refused this round (the
+    floor, K, room, settling, a backend that cannot give a new address)."""
+
+    subject: str  # a proxy or a group
+    rule: str  # the rule that asked
+    reason: str  # why not, in one line
+
+    @property
+    def message(self) -> str:
+        return one_line(f"autopilot: not now: {self.subject}: {self.reason}")
+
+
+@dataclass(frozen=True)
+class GroupMemory:
+    """What the planner remembers of one group between rounds."""
+
+    last_change_at: datetime | None = None  # its last planned scale change
+    idle_since: datetime | None = None  # first round of its current idle spell
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    """The hysteresis state, passed in and handed back: no global, no file
+    here (the autopilot command keeps it)."""
+
+    groups: Mapping[str, GroupMemory] = field(default_factory=dict)
+
+    def memory(self, group: str) -> GroupMemory:
+        return self.groups.get(group, GroupMemory())
+
+
+@dataclass(frozen=True)
+class Plan:
+    changes: tuple[Change, ...]
+    held: tuple[Held, ...]
+    # The next round's state once every change is applied; `observed` holds
+    # what this round saw without recording a change (for changes that failed).
+    state: PlannerState
+    observed: PlannerState

@@ -1,0 +1,51 @@
+"""What the discovery service tells the planner, as plain values: the answer
+of ``GET /v1/signals?window=SECONDS`` (docs/discovery.md, "Signals for the
+autopilot") converted by the autopilot command, so the planner never reads
+HTTP, JSON or a clock.
+
+The service counts over one window ending at its own clock (``at``); the
+autopilot asks with the policy's ``recycle.window``, and the planner refuses
+counts over another window rather than compare them with the wrong
+threshold. Times are aware datetimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True)
+class ProxySignal:
+    """One proxy (``proxies[]`` of the answer)."""
+
+    healthy: bool  # `health` is "healthy"
+    blocked_sites: int = 0  # distinct sites that reported it blocked within the window
+    last_blocked_at: datetime | None = None  # the latest such report
+
+
+@dataclass(frozen=True)
+class GroupSignal:
+    """One group, a ``proxies[]`` entry (``groups[]`` of the answer)."""
+
+    refused: int  # grants answered 409 within the window whose selector matched it
+    leased: int  # its proxies held by a lease now
+
+
+@dataclass(frozen=True)
+class Signals:
+    """A proxy absent here counts as unhealthy and unbanned; a group absent
+    here is neither busy nor idle (the planner scales it only into its bounds)."""
+
+    at: datetime  # the service's now: the window's end
+    window: timedelta
+    proxies: Mapping[str, ProxySignal] = field(default_factory=dict)  # by manifest name
+    groups: Mapping[str, GroupSignal] = field(default_factory=dict)  # by proxies[] name
+
+    @property
+    def start(self) -> datetime:
+        return self.at - self.window
+
+    def unmet_per_minute(self, group: GroupSignal) -> float:
+        return group.refused / (self.window.total_seconds() / 60)
