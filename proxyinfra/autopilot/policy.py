@@ -91,7 +91,7 @@ class ScalePolicy(Model):
     # Down only after no unmet grant and a free proxy for this long.
     idle_after: Duration = timedelta(minutes=15)
     # No change of a group for this long after its last one (hysteresis).
-    settle: Duration = timedelta(minutes=5)
+    settle: Duration = timedelta(minutes=15)
 
 
 class AutopilotPolicy(Model):

@@ -60,7 +60,7 @@ def test_the_contract_keys_and_the_defaults(tmp_path: Path) -> None:
     assert (bounds.min, bounds.max) == (2, 4)
     assert (parsed.scale.unmet_per_minute, parsed.scale.step) == (1.0, 1)
     assert parsed.scale.idle_after == timedelta(minutes=15)
-    assert parsed.scale.settle == timedelta(minutes=5)
+    assert parsed.scale.settle == timedelta(minutes=15)
     assert parsed.max_changes_per_round == 2
 
 
