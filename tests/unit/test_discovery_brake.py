@@ -7,11 +7,8 @@ token length at start."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,23 +16,12 @@ import pytest
 from discovery.brake import MAX_DELAY_S, Brake, client_key
 from discovery.cli import MIN_TOKEN_LENGTH
 from discovery.ui import COOKIE
+from tests.support.brakes import Clock, fail, warnings_kept
 from tests.support.discovery import ROOT, app_client, proxy_entry, settings_for, write_fleet
 from tests.support.logcapture import every_record
 
 TOKEN = "brake-token-" + "7c6b5a4f3e2d" * 3
 WRONG = "wrong-guess-" + "0a1b2c3d" * 3
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def fail(brake: Brake, address: str, times: int) -> list[int]:
-    return [brake.failed(address, "bearer") for _ in range(times)]
 
 
 def test_a_few_failures_are_free_then_the_wait_doubles_up_to_the_cap() -> None:
@@ -89,35 +75,10 @@ def test_the_table_stays_bounded_under_many_addresses_and_forgets() -> None:
     assert len(brake) == 1
 
 
-class Kept(logging.Handler):
-    """The "wrong token" lines' fields, whatever the loggers' configuration."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.fields: list[dict[str, object]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage() == "wrong token":
-            self.fields.append(record.discovery_fields)  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def warnings_kept() -> Iterator[Kept]:
-    logger = logging.getLogger("discovery.auth")
-    kept, level = Kept(), logger.level
-    logger.addHandler(kept)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield kept
-    finally:
-        logger.removeHandler(kept)
-        logger.setLevel(level)
-
-
 def test_failures_are_logged_once_per_address_and_interval() -> None:
     clock = Clock()
     brake = Brake(clock=clock, log_every=60.0, max_warnings=3)
-    with warnings_kept() as kept:
+    with warnings_kept("wrong token") as kept:
         fail(brake, "10.0.0.1", 7)  # the 7th closes the address for 4 s
         clock.now += 1
         assert brake.retry_after("10.0.0.1") == 3  # refused: counted in the next line

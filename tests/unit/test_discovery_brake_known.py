@@ -8,20 +8,9 @@ from __future__ import annotations
 
 from discovery.brake import KNOWN_FOR_S, Brake
 from discovery.ui import Sessions
+from tests.support.brakes import Clock, fail
 
 TOKEN = "known-token-" + "0f1e2d3c4b5a" * 3
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def fail(brake: Brake, address: str, times: int) -> list[int]:
-    return [brake.failed(address, "bearer") for _ in range(times)]
 
 
 def test_a_known_address_is_compared_however_many_failures_it_has() -> None:

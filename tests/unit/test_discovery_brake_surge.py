@@ -5,19 +5,8 @@ the test turns, guessers simulated at a given rate."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
-
 from discovery.brake import MAX_ADDRESSES, MAX_DELAY_S, SURGE_FAILURES, SURGE_WINDOW_S, Brake
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.brakes import Clock, warnings_kept
 
 
 def v4(n: int) -> str:
@@ -108,33 +97,10 @@ def test_the_surges_wait_is_capped_and_known_guessers_feed_it() -> None:
     assert brake.retry_after("198.51.100.1") == 0
 
 
-class Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.fields: list[dict[str, object]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage() == "wrong tokens from many addresses":
-            self.fields.append(record.discovery_fields)  # type: ignore[attr-defined]
-
-
-@contextlib.contextmanager
-def surges_kept() -> Iterator[Kept]:
-    logger = logging.getLogger("discovery.auth")
-    kept, level = Kept(), logger.level
-    logger.addHandler(kept)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield kept
-    finally:
-        logger.removeHandler(kept)
-        logger.setLevel(level)
-
-
 def test_a_surge_is_logged_once_a_minute_with_what_it_refused() -> None:
     clock = Clock()
     brake = Brake(clock=clock, surge_failures=10, log_every=60.0)
-    with surges_kept() as kept:
+    with warnings_kept("wrong tokens from many addresses") as kept:
         for n in range(11):
             brake.failed(v4(n), "bearer")
         for n in range(7):

@@ -8,16 +8,9 @@ import base64
 
 from discovery.brake import SURGE_FAILURES, Brake
 from discovery.gateway.identity import Admission, Refusal
+from tests.support.brakes import Clock
 
 TOKEN = "a-gateway-token-of-some-length"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def basic(username: str, password: str) -> bytes:
