@@ -33,6 +33,7 @@ class PrivateSshd:
         self._fixed = port is not None
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_seen = 0  # how much of the log kill_sessions has read
 
     def _write(self) -> None:
         text = re.sub(r"(?m)^Port .*$", f"Port {self.port}", self._testbed_config)
@@ -57,6 +58,7 @@ class PrivateSshd:
         for _ in range(3):
             self._write()
             self.log.unlink(missing_ok=True)
+            self._log_seen = 0
             # -D: the listener stays our child, so its PID is the one we stop.
             process = subprocess.Popen(
                 ["/usr/sbin/sshd", "-D", "-f", str(self.config), "-E", str(self.log)]
@@ -98,17 +100,43 @@ class PrivateSshd:
         return found
 
     def kill_sessions(self) -> int:
-        """Kill the per-connection sshd processes (as a crash or reboot would)."""
+        """Kill the per-connection sshd processes (as a crash or reboot would):
+        the listener's children and theirs, and the sessions' processes its log
+        names ("User child is on pid N") with their parents, in case a scan of
+        /proc missed them (seen twice on a loaded machine: 0 children found
+        while the log showed a session). How many processes were killed."""
         assert self.process is not None
+        listener = self.process.pid
+        pids: list[int] = []
+        for child in self._children(listener):
+            pids += [*self._children(child), child]
+        # Only the lines since the last kill, and only sshd processes: a PID in
+        # an old line may belong to another process by now.
+        text = self._log_text()
+        lines, self._log_seen = text[self._log_seen :], len(text)
+        for user_child in map(int, re.findall(r"User child is on pid (\d+)", lines)):
+            parent = self._parent(user_child)
+            session = [user_child] + ([parent] if parent not in (None, listener, 1) else [])
+            pids += [pid for pid in session if self._is_sshd(pid)]
         killed = 0
-        for child in self._children(self.process.pid):
-            for grandchild in self._children(child):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(grandchild, signal.SIGKILL)
+        for pid in dict.fromkeys(pids):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 killed += 1
         return killed
+
+    @staticmethod
+    def _is_sshd(pid: int) -> bool:
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/comm").read_text().strip() == "sshd"
+        return False
+
+    @staticmethod
+    def _parent(pid: int) -> int | None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return int(stat.rsplit(")", 1)[1].split()[1])
+        return None
 
     def stop(self) -> None:
         if self.process is None:
