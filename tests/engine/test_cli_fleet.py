@@ -38,7 +38,7 @@ from tests.support.stack_config import (
     stack_config,
     the_testbed_provider,
 )
-from tests.support.testbed import URI, Testbed
+from tests.support.testbed import URI, Testbed, refresh_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -77,7 +77,7 @@ class Fleet:
     def host_objects(self) -> tuple[set[str], set[str]]:
         """(domains, pool volumes) on the testbed right now."""
         pool = self.conn.storagePoolLookupByName(self.testbed.pool)
-        pool.refresh(0)
+        refresh_pool(pool)
         return (
             {d.name() for d in self.conn.listAllDomains(0)},
             {v.name() for v in pool.listAllVolumes(0)},

@@ -31,7 +31,7 @@ from tests.support.stack_config import (
     stack_file,
     the_testbed_provider,
 )
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, refresh_pool
 
 pytestmark = pytest.mark.integration
 PROJECT = "egress-proxies"
@@ -184,7 +184,7 @@ def test_gc_bases_removes_only_old_cached_bases_nothing_uses(
 
         done = gc(tmp_path, planted["stack"], "--min-age", "1d", "--bases", "--delete")
         assert done.returncode == 0, done.stderr
-        pool.refresh(0)
+        refresh_pool(pool)
         left = {v.name() for v in pool.listAllVolumes(0)}
         assert not {unused, base_marker_volume(unused)} & left
         assert {in_use, owned, fresh, overlay} <= left

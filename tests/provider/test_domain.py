@@ -16,7 +16,7 @@ from providers.kvm.volumes import lookup_volume, upload, volume_xml
 from proxyinfra.names import overlay_volume, proxy_id, seed_volume
 from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provider_inputs
 from tests.support.images import tiny_image
-from tests.support.testbed import Testbed, access_for
+from tests.support.testbed import Testbed, access_for, refresh_pool
 
 pytestmark = pytest.mark.integration
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
@@ -39,7 +39,7 @@ def disks(local: libvirt.virConnect, pool: Any) -> Iterator[Disks]:
         volume_xml(f"domain-test-base-{tag}.qcow2", image.stat().st_size, "qcow2"), 0
     )
     upload(local, base, [image.read_bytes()])
-    pool.refresh(0)
+    refresh_pool(pool)
     base = pool.storageVolLookupByName(f"domain-test-base-{tag}.qcow2")
     overlay = pool.createXML(
         volume_xml(overlay_volume(pid), 1024**3, "qcow2", (base.path(), "qcow2")), 0

@@ -30,7 +30,7 @@ from proxyinfra.names import overlay_volume, seed_volume
 from tests.support.pulumi_cli import CliStack
 from tests.support.squid import connect_status
 from tests.support.stack_config import image, machine_type, the_testbed_provider
-from tests.support.testbed import Testbed
+from tests.support.testbed import Testbed, refresh_pool
 
 PAGE = b"egress-proxies: a page fetched through a proxy VM\n"
 
@@ -203,7 +203,7 @@ def guest_diagnostics(dom: Any) -> str:
 
 def pool_volumes(conn: Any, testbed: Testbed) -> set[str]:
     pool = conn.storagePoolLookupByName(testbed.pool)
-    pool.refresh(0)
+    refresh_pool(pool)
     return {v.name() for v in pool.listAllVolumes(0)}
 
 

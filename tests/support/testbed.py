@@ -220,3 +220,17 @@ def access_for(testbed: Testbed, **changes: Any) -> HostAccess:
     entry = KvmProviderEntry.model_validate(yaml.safe_load(testbed.provider_yaml.read_text()))
     access = HostAccess.of(entry, entry.kvm.hosts[0], ROOT)
     return dataclasses.replace(access, **changes)
+
+
+def refresh_pool(pool: Any) -> None:
+    """Re-reads a pool's directory (files changed behind libvirt's back). Tests
+    on other workers upload into the same pool, and libvirt refuses a refresh
+    while an upload runs ("asynchronous jobs running"); its own list is
+    current then anyway, so that refusal is not an error here."""
+    import libvirt  # the testbed's tests have it; importing this module needs it not
+
+    try:
+        pool.refresh(0)
+    except libvirt.libvirtError as error:
+        if "asynchronous jobs running" not in str(error):
+            raise

@@ -4,7 +4,6 @@ at on the host."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import libvirt
@@ -18,7 +17,7 @@ from tests.support.stack_config import (
     stack_config,
     the_testbed_provider,
 )
-from tests.support.testbed import URI, Testbed
+from tests.support.testbed import URI, Testbed, refresh_pool
 
 
 def tiny_fleet(
@@ -44,11 +43,7 @@ def pool_volumes(testbed: Testbed) -> set[str]:
     conn = libvirt.open(URI)
     try:
         pool = conn.storagePoolLookupByName(testbed.pool)
-        # A refresh picks up files changed behind libvirt's back; libvirt
-        # refuses it while an upload into the pool runs, and then its own
-        # list is current anyway.
-        with contextlib.suppress(libvirt.libvirtError):
-            pool.refresh(0)
+        refresh_pool(pool)
         return {v.name() for v in pool.listAllVolumes(0)}
     finally:
         conn.close()
