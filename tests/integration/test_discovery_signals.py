@@ -21,6 +21,7 @@ from discovery.database import PostgresUrl
 from discovery.selection import Selector
 from tests.support.discovery import ServerThread, proxy_entry, settings_for, wait_for, write_fleet
 from tests.support.lease_world import STORES, Books, Clock, World, fleet_of
+from tests.support.lease_world import books as books
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
 
@@ -39,15 +40,6 @@ def fleet_entries() -> list[dict[str, Any]]:
         proxy_entry("home-1", port=4001, labels={"site": "home"}, username="c", password=PASSWORD),
         proxy_entry("eu-0", port=4002, labels={"site": "eu"}, username="c", password=PASSWORD),
     ]
-
-
-@pytest.fixture(params=STORES)
-def books(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Books]:
-    if request.param == "sqlite":
-        yield Books("sqlite", str(tmp_path / "leases.db"))
-        return
-    server: PostgresServer = request.getfixturevalue("postgres")
-    yield Books("postgres", server.fresh_database(f"signals_{random.randrange(1 << 30)}"))
 
 
 def bans_of(counts: SignalCounts) -> dict[str, tuple[Any, ...]]:

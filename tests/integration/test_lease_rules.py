@@ -7,9 +7,6 @@ the replicas' leadership) is tested beside it, in that store's own files."""
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,22 +17,20 @@ from discovery.postgres.fleets import FLEET_TTL_S
 from discovery.selection import Selector
 from health.model import Health
 from tests.support.discovery import proxy_entry
-from tests.support.lease_world import STORES, Books, Clock, World, fleet_of, grant_all, simple_fleet
-from tests.support.postgres import PostgresServer
+from tests.support.lease_world import (
+    Books,
+    Clock,
+    World,
+    fleet_of,
+    grant_all,
+    simple_fleet,
+)
+from tests.support.lease_world import books as books
 from tests.support.postgres import postgres as postgres
 
 pytestmark = pytest.mark.integration
 
 ANY = Selector()
-
-
-@pytest.fixture(params=STORES)
-def books(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Books]:
-    if request.param == "sqlite":
-        yield Books("sqlite", str(tmp_path / "leases.db"))
-        return
-    server: PostgresServer = request.getfixturevalue("postgres")
-    yield Books("postgres", server.fresh_database(f"rules_{random.randrange(1 << 30)}"))
 
 
 # -- grant ----------------------------------------------------------------------------------

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.book.contract import LeaseBook
@@ -43,6 +45,7 @@ from discovery.sqlite.book import SqliteBook
 from discovery.sqlite.ops import Op, Write
 from health.model import Health
 from tests.support.discovery import FakeHealth, manifest, proxy_entry
+from tests.support.postgres import PostgresServer
 
 STORES = ("sqlite", "postgres")
 
@@ -301,3 +304,14 @@ async def grant_all(w: World, host: str | None = None) -> list[str]:
 
 
 __all__ = ["STORES", "Books", "Clock", "Faults", "World", "fleet_of", "grant_all", "simple_fleet"]
+
+
+@pytest.fixture(params=STORES)
+def books(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Books]:
+    """Each store's books on a database of its own (PostgreSQL: one more in the
+    session's server; the module using this imports the `postgres` fixture)."""
+    if request.param == "sqlite":
+        yield Books("sqlite", str(tmp_path / "leases.db"))
+        return
+    server: PostgresServer = request.getfixturevalue("postgres")
+    yield Books("postgres", server.fresh_database(f"books_{random.randrange(1 << 30)}"))
