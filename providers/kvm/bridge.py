@@ -9,11 +9,12 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Callable
 
 import paramiko
+
+from providers.kvm.rundir import private_dir
 
 log = logging.getLogger("kvm")
 CHUNK = 256 * 1024
@@ -34,7 +35,7 @@ class SocketBridge:
         self._open_channel = open_channel
         self._label = label
         # A 0700 directory: only this user can connect to the host's libvirt.
-        self._dir = tempfile.mkdtemp(prefix="egress-libvirt-")
+        self._dir = private_dir("egress-libvirt-")
         self.path = os.path.join(self._dir, "libvirt.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)

@@ -52,7 +52,11 @@ def apt_files(merged: dict[str, object], cloud: object, root: str) -> dict[str, 
 
 
 def consume(documents: dict[str, str]) -> dict[str, object]:
-    root = tempfile.mkdtemp(prefix="cloudinit-sandbox-")
+    with tempfile.TemporaryDirectory(prefix="cloudinit-sandbox-") as root:
+        return _consume(documents, root)
+
+
+def _consume(documents: dict[str, str], root: str) -> dict[str, object]:
     seed = os.path.join(root, "seed")
     os.makedirs(seed)
     for name, text in documents.items():
