@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 from pydantic.alias_generators import to_camel
 
+from proxyinfra.generations import FIRST, replica_name
 from proxyinfra.printable import Value
 
 if TYPE_CHECKING:  # the policy's models build on this module's Model
@@ -123,18 +124,44 @@ class Squid(Model):
     allow_open_proxy_to_the_internet: bool = False
 
 
+# --- generations ---------------------------------------------------------------
+
+# A name's `-g<N>` stays short: entry (40) + `-999` + `-g1000000` fits the
+# 63 characters of a Kubernetes or GCP label value.
+MAX_GENERATION = 1_000_000
+Generation = Annotated[int, Field(strict=True, ge=FIRST, le=MAX_GENERATION)]
+
+
+class Generations(RootModel[dict[str, Generation]]):
+    """``egress-proxies:generations``: a replica's slot (its generation-1 name,
+    ``home-0``) -> its generation (absent: 1). Strict integers: ``"2"`` or
+    ``2.5`` is refused, not guessed. The cross-checks (slots that exist,
+    backends that can give a new address) are proxyinfra/generation_checks.py's."""
+
+    model_config = ConfigDict(frozen=True)
+
+
 # --- the whole config ----------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Replica:
-    """One proxy instance: a replica of a `proxies[]` entry."""
+    """One proxy instance: a replica of a `proxies[]` entry, in its slot
+    (``home-0``; an external entry's own name) at its generation. Its name,
+    from which its id, MAC, machine and resource names all follow, is the
+    slot at generation 1 and ``<slot>-g<N>`` after (proxyinfra/generations.py)."""
 
-    name: str  # logical replica name, e.g. home-0
+    slot: str
     entry: ProxyEntry
     index: int  # position of the entry in `proxies`
     provider: ProviderEntry
     ordinal: int = 0  # which replica of the entry: the N of home-N
+    generation: int = FIRST
+
+    @property
+    def name(self) -> str:
+        """The logical replica name, e.g. home-0, home-0-g2."""
+        return replica_name(self.slot, self.generation)
 
 
 @dataclass(frozen=True)
@@ -144,20 +171,30 @@ class StackConfig:
     squid: Squid
     base_dir: Path
     warnings: list[str] = field(default_factory=list)
-    replica_lists: dict[str, list[str]] = field(default_factory=dict)  # proxy entry -> names
+    replica_lists: dict[str, list[str]] = field(default_factory=dict)  # proxy entry -> slots
     autopilot: AutopilotPolicy | None = None  # the block `egress-proxies:autopilot`, if any
+    # Slot -> generation (>= 1), as validated; a slot not listed is at 1.
+    generations: dict[str, int] = field(default_factory=dict)
 
     def replicas(self) -> list[Replica]:
         return [
-            Replica(name, entry, index, self.providers[entry.provider], ordinal)
+            Replica(
+                slot,
+                entry,
+                index,
+                self.providers[entry.provider],
+                ordinal,
+                self.generations.get(slot, FIRST),
+            )
             for index, entry in enumerate(self.proxies)
-            for ordinal, name in enumerate(self.replica_lists[entry.name])
+            for ordinal, slot in enumerate(self.replica_lists[entry.name])
         ]
 
 
 def replica_names(entry: ProxyEntry, provisions: bool) -> list[str]:
-    """The replicas of a proxies[] entry: ``<name>-0`` ... for provisioned
-    proxies, the entry's own name for one that exists already."""
+    """The slots of a proxies[] entry (its replicas' generation-1 names):
+    ``<name>-0`` ... for provisioned proxies, the entry's own name for one
+    that exists already."""
     if not provisions:
         return [entry.name]
     return [f"{entry.name}-{i}" for i in range(entry.replica_count)]

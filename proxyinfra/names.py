@@ -2,7 +2,10 @@
 
 A proxy's id is derived from project, stack and logical replica name, so two
 stacks can share a libvirt host (or a GCP project, or a namespace) without
-colliding, and the same replica keeps its id across runs.
+colliding, and the same replica keeps its id across runs. The logical name
+carries the replica's generation (``home-0``, then ``home-0-g2``:
+proxyinfra/generations.py), so a recycled replica gets a new id, and with it
+a new MAC, domain, volumes and instance.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from proxyinfra.backend import Backend
 from proxyinfra.clients import client_ranges
 from proxyinfra.config import (
     NAME_PATTERN,
+    Generations,
     ProviderEntry,
     ProxyEntry,
     Replica,
@@ -33,11 +34,12 @@ from proxyinfra.config import (
     replica_names,
     resolve_path,
 )
+from proxyinfra.generation_checks import check_generations
 from proxyinfra.registry import backends
 
 __all__ = ["ConfigError", "ConfigIssue", "Replica", "StackConfig", "resolve_path", "validate"]
 
-TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot")
+TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot", "generations")
 _OWN_PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
 }
@@ -167,6 +169,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     proxies = _parse_proxies(raw.get("proxies"), c)
     squid = _parse_squid(raw.get("squid"), c)
     autopilot = _parse_autopilot(raw.get("autopilot"), c)
+    generations = _parse_generations(raw.get("generations"), c)
 
     for name, provider in providers.items():
         backends()[provider.type].check_provider(provider, _provider_path(raw, name), c)
@@ -175,6 +178,12 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         _check_squid(squid, proxies, providers, c)
     if autopilot is not None:
         _check_autopilot(autopilot, raw.get("proxies"), proxies, providers, c)
+    per_pod = (
+        None if raw.get("autopilot") is not None and autopilot is None else _per_pod(autopilot)
+    )
+    generations = check_generations(
+        generations, proxies, _raw_names(raw.get("proxies")), providers, replicas, per_pod, c
+    )
 
     if c.issues:
         raise ConfigError(c.issues)
@@ -187,6 +196,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         warnings=c.warnings,
         replica_lists=replicas,
         autopilot=autopilot,
+        generations=generations,
     )
 
 
@@ -266,6 +276,28 @@ def _parse_autopilot(value: Any, c: _Collector) -> AutopilotPolicy | None:
     except ValidationError as error:
         c.issues.extend(_pydantic_issues(error, "autopilot", AutopilotPolicy))
         return None
+
+
+def _parse_generations(value: Any, c: _Collector) -> dict[str, int]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):  # YAML may key by a number: named here, not as `[key]`
+        for key in [k for k in value if not isinstance(k, str)]:
+            c.add(f"generations.{key}", f"not a replica slot such as home-0 (got {_show(key)})")
+        value = {k: v for k, v in value.items() if isinstance(k, str)}
+    try:
+        return dict(Generations.model_validate(value).root)
+    except ValidationError as error:
+        c.issues.extend(_pydantic_issues(error, "generations", Generations))
+        # The keys whose values are good are still checked against the rest.
+        bad = {e["loc"][0] for e in error.errors() if e["loc"]}
+        good = value.items() if isinstance(value, Mapping) else []
+        return {k: v for k, v in good if k not in bad}
+
+
+def _per_pod(policy: AutopilotPolicy | None) -> list[str]:
+    recycle = policy.recycle if policy is not None else None
+    return list(recycle.egress_per_pod) if recycle is not None else []
 
 
 def _check_autopilot(

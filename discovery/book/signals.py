@@ -6,13 +6,17 @@ refusals), so every replica of a shared store gives the same answer, and
 both stores give the same answer to the same history.
 
 The rules both stores follow are here, once: the window's bounds, how long
-and how many refusal rows are kept, and which group a proxy belongs to."""
+and how many refusal rows are kept, and which group a proxy belongs to (the
+stack's own naming rule, proxyinfra/generations.py, imported)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+# The group of a proxy is the stack's rule (a replica `<entry>-<n>`, at a
+# generation `-g<N>` from 2 on): the fleet manifest does not name the entry.
+from proxyinfra.generations import group_of
 
 # A window is 1 s to 24 h: longer needs rows kept longer (refusals are kept
 # for the longest window and no longer).
@@ -26,22 +30,9 @@ DEFAULT_WINDOW_S = 600.0
 REFUSAL_RETENTION_S = MAX_WINDOW_S
 REFUSALS_KEPT = 1_000_000
 
-# `<entry>-<n>`: a replica of a `proxies[]` entry (proxyinfra/config.py,
-# replica_names). The fleet manifest does not name the entry, so this is
-# where the group is derived from the name, and only here.
-_REPLICA = re.compile(r"(?s)(.+)-[0-9]+")
-
-
-def group_of(proxy: str) -> str:
-    """The `proxies[]` entry a proxy replica belongs to: its name without the
-    trailing `-<n>` the stack gives each replica; a name without one (an
-    `external` entry's single proxy) is its own group."""
-    match = _REPLICA.fullmatch(proxy)
-    return match.group(1) if match else proxy
-
 
 def groups_of(proxies: Iterable[str]) -> list[str]:
-    """The distinct groups of `proxies`, sorted."""
+    """The distinct groups of `proxies`, sorted (`home-0` and `home-0-g2` are both `home`)."""
     return sorted({group_of(name) for name in proxies})
 
 

@@ -14,15 +14,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from proxyinfra.config import StackConfig
+from proxyinfra.generations import parse_name
+
 KUBERNETES = "kubernetes"
 EXTERNAL = "external"
 
 
 @dataclass(frozen=True)
 class FleetProxy:
-    name: str  # as in the manifest, e.g. home-0
+    name: str  # as in the manifest, e.g. home-0, home-0-g2
     # When its current generation was made; None where nobody knows (external).
     created_at: datetime | None = None
+
+    @property
+    def slot(self) -> str:
+        """Its generation-1 name: the key of ``egress-proxies:generations``."""
+        return parse_name(self.name)[0]
+
+    @property
+    def generation(self) -> int:
+        return parse_name(self.name)[1]
 
 
 @dataclass(frozen=True)
@@ -61,3 +73,28 @@ class Room:
             if need > 0
         ]
         return min(counts) if counts else None
+
+
+def groups_of_stack(
+    config: StackConfig, created_at: Mapping[str, datetime | None]
+) -> list[FleetGroup]:
+    """One group per ``proxies[]`` entry, its proxies under their names at
+    their current generations (``home-0-g2``, as the manifest and the
+    service's signals name them), each made at ``created_at[name]`` (None
+    where the caller does not know). Place and needs are left empty: the
+    room of a place is the backend's to tell (see Room)."""
+    groups: dict[str, list[FleetProxy]] = {}
+    for replica in config.replicas():
+        groups.setdefault(replica.entry.name, []).append(
+            FleetProxy(replica.name, created_at.get(replica.name))
+        )
+    return [
+        FleetGroup(
+            name=entry.name,
+            provider=entry.provider,
+            backend=config.providers[entry.provider].type,
+            replicas=len(groups[entry.name]),
+            proxies=tuple(groups[entry.name]),
+        )
+        for entry in config.proxies
+    ]
