@@ -3,8 +3,9 @@ processes (pytest-xdist, as scripts/test runs it: `-n N`).
 
 Tests that share one machine-wide thing run one after another in one worker,
 in a group named for it: those on the libvirt testbed (they boot TCG guests,
-and some kill the testbed's sshd or libvirtd: two groups, the second for the
-longest modules, sharing the testbed but for `testbed_alone` tests), those on
+and some kill the testbed's sshd or libvirtd: three groups, the second and
+third for the longest modules, sharing the testbed but for `testbed_alone`
+tests), those on
 the Kubernetes cluster (one of them takes the cluster down and up), and those
 that build the client's wheel once. Every other module may run in any worker
 (its tests together, in order), beside them: the CPU-bound tests fill the core
@@ -45,20 +46,24 @@ GROUPS_KEY = "egress_proxies_groups"
 # Each test's worker, start and end (seconds since the epoch), per run.
 TIMELINE = LOCKS / "timeline.tsv"
 
-# The testbed's tests in two workers of about equal length (measured in
-# .cache/suite/timeline.tsv): these modules in the second, beside all the
-# others. The second holds every module with a `testbed_alone` test, so that
-# those wait only for the first worker's short tests, not for a guest.
-SECOND_TESTBED_MODULES = frozenset(
-    {
-        "test_stock_image.py",  # whole Debian guests under TCG, minutes each
-        "test_end_to_end.py",
-        "test_cli_fleet.py",
-        "test_cli_faults.py",
-        "test_testbed.py",
-        "test_hosts_check.py",
-    }
-)
+# The testbed's tests in three workers of about equal length (measured in
+# .cache/suite/timeline.tsv; a worker's testbed tests are mostly waits on
+# guests, so three share the two cores with the rest): these modules in the
+# second and the third, all the others in the first. The second holds every
+# module with a `testbed_alone` test, so that those wait only for the other
+# workers' tests of the moment, not for a guest.
+TESTBED_MODULES: dict[str, frozenset[str]] = {
+    "testbed-2": frozenset(
+        {
+            "test_stock_image.py",  # whole Debian guests under TCG, minutes each
+            "test_end_to_end.py",
+            "test_cli_faults.py",
+            "test_testbed.py",
+            "test_hosts_check.py",
+        }
+    ),
+    "testbed-3": frozenset({"test_cli_interrupted.py", "test_cli_fleet.py"}),
+}
 
 # Group name -> the fixtures that put a test in it (first match wins).
 GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -74,8 +79,10 @@ def group_of(item: pytest.Item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     for group, fixtures in GROUPS:
         if names & fixtures:
-            if group == "testbed" and item.path.name in SECOND_TESTBED_MODULES:
-                return "testbed-2"
+            if group == "testbed":
+                for name, modules in TESTBED_MODULES.items():
+                    if item.path.name in modules:
+                        return name
             return group
     return None
 
@@ -117,7 +124,7 @@ def order_key(item: pytest.Item) -> tuple[bool, bool, bool]:
 
 # Under workers, the groups first, the longest first: each starts on a worker
 # of its own at once, and the modules fill the workers around them.
-GROUP_RANK = {"testbed-2": 0, "testbed": 1, "kube": 2, "client-wheel": 3}
+GROUP_RANK = {"testbed-2": 0, "testbed-3": 1, "testbed": 2, "kube": 3, "client-wheel": 4}
 
 
 def plan(config: pytest.Config, items: list[pytest.Item]) -> None:

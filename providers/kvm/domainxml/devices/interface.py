@@ -1,4 +1,8 @@
-"""The proxy's single NIC: virtio on a host bridge or on a libvirt network."""
+"""The proxy's single NIC: virtio on a host bridge or on a libvirt network.
+
+Without an option ROM: a proxy boots from its disk only, and the firmware
+would load and start the NIC's iPXE ROM at every boot for nothing (about 2 s
+of a boot under TCG, measured; and code no proxy needs on its network)."""
 
 from __future__ import annotations
 
@@ -21,4 +25,5 @@ class VirtioInterface:
             sub(nic, "mac", {"address": self.mac})
         sub(nic, "source", {self.kind: self.source})
         sub(nic, "model", {"type": "virtio"})
+        sub(nic, "rom", {"enabled": "no"})
         return nic
