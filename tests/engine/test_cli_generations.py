@@ -9,6 +9,12 @@ the first step proves that upgrading changes nothing: `preview
 --path egress-proxies:generations.home-0 2` and `up`: the old domain and its
 volumes leave the host, a new domain with another MAC (so another DHCP
 lease) comes, the manifest names `home-0-g2`, and `home-1` is untouched.
+
+BEFORE is the last commit before generations. A later change that must
+alter the resources of existing stacks fails the first step as well (an
+upgrade that churns is worth seeing, and its upgrade note says so); BEFORE
+then moves to that change's parent, the config still without generations,
+which is what the step is about.
 """
 
 from __future__ import annotations
