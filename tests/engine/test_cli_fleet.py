@@ -11,6 +11,7 @@ cloud-init are proved by tests/integration/test_end_to_end.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -68,7 +69,22 @@ class Fleet:
     testbed: Testbed
     server: FileServer
     url: str
-    conn: Any
+    _conn: Any = None
+
+    @property
+    def conn(self) -> Any:
+        """The testbed's libvirtd, connected again when a `testbed_alone`
+        test of another worker restarted it since this module's last use."""
+        if self._conn is not None:
+            try:
+                self._conn.getLibVersion()  # a round trip: fails on a restarted daemon
+            except libvirt.libvirtError:
+                with contextlib.suppress(libvirt.libvirtError):
+                    self._conn.close()
+                self._conn = None
+        if self._conn is None:
+            self._conn = libvirt.open(URI)
+        return self._conn
 
     @property
     def ids(self) -> dict[str, str]:
@@ -102,17 +118,18 @@ def fleet(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     image = tiny_image()
     directory = tmp_path_factory.mktemp("cli-fleet")
     name = f"cli{uuid.uuid4().hex[:6]}"
-    conn = libvirt.open(URI)
     with FileServer() as server:
         url = server.add(f"/{name}/tiny.qcow2", file=image)
         stack = CliStack(directory, name, fleet_config(testbed, url))
+        fleet = Fleet(stack, testbed, server, url)
         try:
-            yield Fleet(stack, testbed, server, url, conn)
+            yield fleet
         finally:
             # Whatever a failed test left: the stack's own destroy, then gc.
             if stack.resources():
                 stack.run("destroy", "--yes", "--skip-preview")
-            conn.close()
+            if fleet._conn is not None:
+                fleet._conn.close()
 
 
 @pytest.mark.testbed_alone  # compares everything on the host before and after

@@ -72,8 +72,11 @@ def seed_on_virtio_scsi(domain: ET.Element) -> ET.Element:
 
 
 def network_boot_next(domain: ET.Element) -> ET.Element:
-    """The NIC boots (PXE) when the disk has nothing to boot."""
-    ET.SubElement(_one(domain, "devices/interface"), "boot", {"order": "2"})
+    """The NIC boots (PXE) when the disk has nothing to boot: with its
+    option ROM, which a proxy's NIC goes without."""
+    nic = _one(domain, "devices/interface")
+    nic.remove(_one(nic, "rom"))
+    ET.SubElement(nic, "boot", {"order": "2"})
     return domain
 
 

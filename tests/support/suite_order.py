@@ -49,9 +49,11 @@ TIMELINE = LOCKS / "timeline.tsv"
 # The testbed's tests in three workers of about equal length (measured in
 # .cache/suite/timeline.tsv; a worker's testbed tests are mostly waits on
 # guests, so three share the two cores with the rest): these modules in the
-# second and the third, all the others in the first. The second holds every
-# module with a `testbed_alone` test, so that those wait only for the other
-# workers' tests of the moment, not for a guest.
+# second and the third, all the others in the first. The second and the third
+# hold every module with a `testbed_alone` test (each group runs those first),
+# so that they wait only for the other workers' tests of the moment, not for a
+# guest; a module-scoped libvirt connection must survive another worker's
+# alone test restarting libvirtd (test_cli_fleet.py's `Fleet.conn`).
 TESTBED_MODULES: dict[str, frozenset[str]] = {
     "testbed-2": frozenset(
         {

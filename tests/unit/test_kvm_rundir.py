@@ -9,7 +9,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from providers.kvm.rundir import private_dir
 
@@ -39,7 +42,16 @@ def test_a_new_directory_sweeps_only_those_of_dead_processes(tmp_path: Path) -> 
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
 
 
-def test_the_bridge_of_a_killed_provider_is_swept_by_the_next(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: a unix socket's path holds 107 bytes,
+    less than pytest's temporary directories leave."""
+    with tempfile.TemporaryDirectory(prefix="rundir-", dir="/tmp") as where:
+        yield Path(where)
+
+
+def test_the_bridge_of_a_killed_provider_is_swept_by_the_next(short_dir: Path) -> None:
+    tmp_path = short_dir
     code = (
         "import sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
         "from providers.kvm.bridge import SocketBridge\n"
