@@ -24,6 +24,7 @@ from proxyinfra.printable import Value
 
 if TYPE_CHECKING:  # the policy's models build on this module's Model
     from proxyinfra.autopilot.policy import AutopilotPolicy
+    from proxyinfra.discovery_config import DiscoveryConfig
 
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$"
 """Logical names end up in libvirt, GCP and Kubernetes names: DNS-label rules."""
@@ -175,6 +176,7 @@ class StackConfig:
     autopilot: AutopilotPolicy | None = None  # the block `egress-proxies:autopilot`, if any
     # Slot -> generation (>= 1), as validated; a slot not listed is at 1.
     generations: dict[str, int] = field(default_factory=dict)
+    discovery: DiscoveryConfig | None = None  # the block `egress-proxies:discovery`, if any
 
     def replicas(self) -> list[Replica]:
         return [

@@ -34,12 +34,15 @@ from proxyinfra.config import (
     replica_names,
     resolve_path,
 )
+from proxyinfra.discovery_checks import check_discovery
+from proxyinfra.discovery_config import PATTERN_WORDS as DISCOVERY_PATTERN_WORDS
+from proxyinfra.discovery_config import DiscoveryConfig
 from proxyinfra.generation_checks import check_generations
 from proxyinfra.registry import backends
 
 __all__ = ["ConfigError", "ConfigIssue", "Replica", "StackConfig", "resolve_path", "validate"]
 
-TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot", "generations")
+TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot", "generations", "discovery")
 _OWN_PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
 }
@@ -139,7 +142,7 @@ def _pydantic_issues(
 
 
 def _pattern_words() -> dict[str, str]:
-    words = dict(_OWN_PATTERN_WORDS)
+    words = {**_OWN_PATTERN_WORDS, **DISCOVERY_PATTERN_WORDS}
     for backend in backends().values():
         words.update(backend.pattern_words)
     return words
@@ -170,6 +173,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     squid = _parse_squid(raw.get("squid"), c)
     autopilot = _parse_autopilot(raw.get("autopilot"), c)
     generations = _parse_generations(raw.get("generations"), c)
+    discovery = _parse_discovery(raw.get("discovery"), c)
 
     for name, provider in providers.items():
         backends()[provider.type].check_provider(provider, _provider_path(raw, name), c)
@@ -185,6 +189,9 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         generations, proxies, _raw_names(raw.get("proxies")), providers, replicas, per_pod, c
     )
 
+    if discovery is not None:
+        check_discovery(discovery, providers, set(broken), squid, c)
+
     if c.issues:
         raise ConfigError(c.issues)
     assert squid is not None
@@ -197,6 +204,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
         replica_lists=replicas,
         autopilot=autopilot,
         generations=generations,
+        discovery=discovery,
     )
 
 
@@ -293,6 +301,16 @@ def _parse_generations(value: Any, c: _Collector) -> dict[str, int]:
         bad = {e["loc"][0] for e in error.errors() if e["loc"]}
         good = value.items() if isinstance(value, Mapping) else []
         return {k: v for k, v in good if k not in bad}
+
+
+def _parse_discovery(value: Any, c: _Collector) -> DiscoveryConfig | None:
+    if value is None:
+        return None
+    try:
+        return DiscoveryConfig.model_validate(value)
+    except ValidationError as error:
+        c.issues.extend(_pydantic_issues(error, "discovery", DiscoveryConfig))
+        return None
 
 
 def _per_pod(policy: AutopilotPolicy | None) -> list[str]:

@@ -111,7 +111,7 @@ def test_bad_config_fails_with_one_message_before_any_resource() -> None:
     assert result.error.message.splitlines() == [
         "invalid stack config (5 errors):",
         "  egress-proxies:unknown: unknown key (allowed: providers, proxies, squid, autopilot, "
-        "generations)",
+        "generations, discovery)",
         "  proxies[2].name: must be 1-40 lowercase letters, digits or '-', starting with a letter "
         "(got 'Bad_Name')",
         "  squid.port: Input should be greater than or equal to 1 (got 0)",
