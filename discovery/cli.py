@@ -48,6 +48,9 @@ TOKEN_ENV = "DISCOVERY_TOKEN"
 # (discovery/brake.py); a token this long is out of reach of any guessing rate.
 MIN_TOKEN_LENGTH = 16
 STACK_REFRESH_ENV = "DISCOVERY_STACK_REFRESH_SECONDS"
+# The store from the environment, as the token: a URL with a password (from a
+# Kubernetes Secret) on no command line and in no pod spec.
+DB_ENV = "DISCOVERY_DB"
 GRACEFUL_SHUTDOWN_S = 10
 
 
@@ -110,11 +113,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", required=True, type=_host_port, metavar="HOST:PORT")
     serve.add_argument(
         "--db",
-        required=True,
         type=_database,
         metavar="PATH|URL",
         help="the lease store: an SQLite file (one service), or postgresql://USER@HOST:PORT/DB "
-        "shared by several replicas (password in the URL or $PGPASSWORD)",
+        f"shared by several replicas (password in the URL or $PGPASSWORD); default ${DB_ENV}",
     )
     serve.add_argument(
         "--probe-target",
@@ -251,6 +253,14 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         )
     if not args.fleet and not args.stack:
         raise ValueError("give the fleet: --fleet FILE or --stack NAME (either may be repeated)")
+    db = args.db
+    if db is None:
+        if not environ.get(DB_ENV):
+            raise ValueError(f"give the lease store: --db PATH|URL or ${DB_ENV}")
+        try:
+            db = parse_database(environ[DB_ENV])
+        except DatabaseError as error:
+            raise ValueError(f"{DB_ENV}: {str(error).removeprefix('--db ')}") from None
     host, port = args.listen
     if token is None and not is_loopback(host) and not args.allow_remote_without_token:
         raise ValueError(
@@ -280,7 +290,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
     return Settings(
         listen_host=host,
         listen_port=port,
-        db=args.db,
+        db=db,
         fleet_files=tuple(args.fleet),
         stacks=tuple(args.stack),
         probe_target=probe_target,
@@ -387,5 +397,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The token stays in this process's memory only: the pulumi subprocess and
     # anything else started from here must not inherit it.
     os.environ.pop(TOKEN_ENV, None)
+    os.environ.pop(DB_ENV, None)
     logs.configure(secrets=(settings.token,) if settings.token else ())
     return serve(settings)

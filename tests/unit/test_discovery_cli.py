@@ -282,3 +282,20 @@ def test_the_starting_line_shows_no_database_password(monkeypatch: pytest.Monkey
     [starting] = [r for r in records if " starting" in r.splitlines()[0]]
     assert "postgresql://postgres:***@127.0.0.1:1/db?sslpassword=***" in starting
     assert not [r for r in records if "hunter" in r or "hunt" in r]
+
+
+def test_the_store_from_the_environment_when_no_db_flag() -> None:
+    """The stack's pods give the store as $DISCOVERY_DB (from a Secret), so its
+    URL and password are on no command line and in no pod spec."""
+    base = ["serve", "--fleet", "f", "--listen", "127.0.0.1:1"]
+    url = "postgresql://discovery:s3cret-pw@db.example:5432/postgres"
+    s = settings(base, {"DISCOVERY_DB": url})
+    assert str(s.db) == "postgresql://discovery:***@db.example:5432/postgres"
+    assert settings([*base, "--db", "l.db"], {"DISCOVERY_DB": url}).db == Path("l.db")
+    with pytest.raises(ValueError, match=r"give the lease store: --db PATH\|URL or \$DISCOVERY_DB"):
+        settings(base)
+    with pytest.raises(
+        ValueError,
+        match=r"DISCOVERY_DB: 'mysql://\*\*\*@h/db': 'mysql' is not a supported database",
+    ):
+        settings(base, {"DISCOVERY_DB": "mysql://u:pw@h/db"})
