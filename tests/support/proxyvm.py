@@ -76,6 +76,7 @@ class PageServer:
     def __init__(self, host: str, tls: tuple[Path, Path] | None = None) -> None:
         self.clients: list[str] = []  # who sent a GET
         self.peers: set[str] = set()  # who connected at all (health probes too)
+        self._accepted = threading.Condition()
         self.scheme = "https" if tls else "http"
         self._host = host
         owner = self
@@ -95,7 +96,9 @@ class PageServer:
         class Server(ThreadingHTTPServer):
             def get_request(self) -> tuple[socket.socket, Any]:
                 sock, address = super().get_request()
-                owner.peers.add(address[0])
+                with owner._accepted:
+                    owner.peers.add(address[0])
+                    owner._accepted.notify_all()
                 return sock, address
 
             def handle_error(self, request: Any, client_address: Any) -> None:
@@ -112,6 +115,13 @@ class PageServer:
                 self._httpd.socket, server_side=True, do_handshake_on_connect=False
             )
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def saw(self, address: str, timeout: float = 30.0) -> bool:
+        """Whether ADDRESS connected (now, or within TIMEOUT). A proxy answers
+        a CONNECT once the kernel took its connection, which may be before
+        this server's thread accepted it."""
+        with self._accepted:
+            return self._accepted.wait_for(lambda: address in self.peers, timeout)
 
     @property
     def target(self) -> str:
