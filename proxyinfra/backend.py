@@ -16,13 +16,16 @@ import builtins
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pulumi
 
 from proxyinfra.checks import Report
 from proxyinfra.config import ProviderEntry, ProxyEntry, Replica, Squid
 from proxyinfra.plugins import Plugin
+
+if TYPE_CHECKING:
+    from proxyinfra.discovery_config import DiscoveryConfig
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,42 @@ class Deployer(Protocol):
     """Makes the resources of one stack's proxies (one instance per program run)."""
 
     def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint: ...
+
+
+@dataclass(frozen=True)
+class DiscoveryRequest:
+    """The discovery service the stack deploys (egress-proxies:discovery) on
+    one provider entry: the fleet manifest it serves (a secret Output), the
+    secrets the stack generated (None where the config names an existing
+    Secret), and the ports of the proxies it must reach."""
+
+    project: str
+    stack: str
+    config: DiscoveryConfig
+    provider: ProviderEntry
+    fleet: pulumi.Output[Any]
+    token: pulumi.Output[str] | None
+    database_password: pulumi.Output[str] | None
+    proxy_ports: list[int]
+
+
+@dataclass(frozen=True)
+class DiscoveryEndpoint:
+    url: pulumi.Output[str]
+    token: pulumi.Output[str]  # secret
+
+
+@runtime_checkable
+class HostsDiscovery(Protocol):
+    """A Deployer that can also run the discovery service (kubernetes only)."""
+
+    def deploy_discovery(self, request: DiscoveryRequest) -> DiscoveryEndpoint: ...
+
+    def discovery_problems(
+        self, config: DiscoveryConfig, entry: ProviderEntry
+    ) -> list[tuple[str, str]]:
+        """(config path, problem) of what the service needs there and is
+        missing (a Secret the config names), checked before any resource."""
 
 
 class Backend(Protocol):

@@ -13,6 +13,7 @@ from pulumi.runtime.mocks import MockMonitor
 
 from proxyinfra.backend import Deployer
 from proxyinfra.config import StackConfig
+from proxyinfra.discovery_stack import deploy_discovery, discovery_issues
 from proxyinfra.fleet import build_fleet
 from proxyinfra.plugins import installed
 from proxyinfra.registry import backends
@@ -94,6 +95,8 @@ def check_access(config: StackConfig) -> None:
         problem = backends()[entry.type].check_access(entry, config.base_dir)
         if problem is not None:
             issues.append(ConfigIssue(f"providers[{index}] ({entry.name})", problem))
+    if not issues:  # the cluster answers: the Secrets the discovery block names
+        issues = discovery_issues(config, deployers(config))
     if issues:
         raise ConfigError(issues)
 
@@ -102,7 +105,9 @@ def main() -> dict[str, Any]:
     config = load()
     check_plugins(config)
     check_access(config)
-    outputs = {"fleet": build_fleet(config, deployers(config))}
+    made = deployers(config)
+    fleet = build_fleet(config, made)
+    outputs = {"fleet": fleet, **deploy_discovery(config, fleet, made)}
     for name, value in outputs.items():
         pulumi.export(name, value)
     return outputs

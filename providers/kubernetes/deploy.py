@@ -26,8 +26,9 @@ from providers.kubernetes.labels import (
 )
 from providers.kubernetes.network import network_policy_spec, service_spec
 from providers.kubernetes.workload import deployment_spec
-from proxyinfra.backend import Endpoint, ProxyRequest
-from proxyinfra.config import resolve_path
+from proxyinfra.backend import DiscoveryEndpoint, DiscoveryRequest, Endpoint, ProxyRequest
+from proxyinfra.config import ProviderEntry, resolve_path
+from proxyinfra.discovery_config import DiscoveryConfig
 from proxyinfra.squid import password_file_line, render_squid_conf
 
 core = k8s.core.v1
@@ -71,6 +72,28 @@ class KubernetesDeployer:
     def shared(self, request: ProxyRequest) -> _Shared:
         entry = request.replica.provider
         assert isinstance(entry, KubernetesProviderEntry)
+        return self.shared_for(entry, request.stack)
+
+    def deploy_discovery(self, request: DiscoveryRequest) -> DiscoveryEndpoint:
+        """The discovery service on its provider entry's cluster and namespace
+        (providers/kubernetes/discovery/)."""
+        from providers.kubernetes.discovery import deploy
+
+        entry = request.provider
+        assert isinstance(entry, KubernetesProviderEntry)
+        shared = self.shared_for(entry, request.stack)
+        return deploy(request, entry.kubernetes, shared.provider, shared.namespace)
+
+    def discovery_problems(
+        self, config: DiscoveryConfig, entry: ProviderEntry
+    ) -> list[tuple[str, str]]:
+        from providers.kubernetes.discovery.preflight import secret_problems
+
+        assert isinstance(entry, KubernetesProviderEntry)
+        return secret_problems(config, entry.kubernetes, self.base_dir)
+
+    def shared_for(self, entry: KubernetesProviderEntry, stack: str) -> _Shared:
+        """The provider and namespace of ENTRY, made once for everything on it."""
         if entry.name not in self._shared:
             config = entry.kubernetes
             kubeconfig = (
@@ -98,7 +121,7 @@ class KubernetesDeployer:
                         labels={
                             "app.kubernetes.io/part-of": PART_OF,
                             "app.kubernetes.io/managed-by": "pulumi",
-                            STACK_LABEL: label_value(request.stack),
+                            STACK_LABEL: label_value(stack),
                             # The API server refuses any pod here that is
                             # less locked down than the proxies' are.
                             POD_SECURITY_LABEL: "restricted",
@@ -182,12 +205,20 @@ class KubernetesDeployer:
             spec=service_spec(request, config, selector(request)),
             opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[policy])),
         )
-        host: pulumi.Output[str]
         if config.service_type == "LoadBalancer":
-            host = service.status.apply(_load_balancer_address)
-        elif config.manifest_address == "clusterIP":
-            host = service.spec.apply(_cluster_ip)
+            host = load_balancer_host(service)
         else:
-            domain = config.cluster_domain
-            host = service.metadata.apply(lambda m: f"{m.name}.{m.namespace}.svc.{domain}")
+            host = service_host(service, config.manifest_address, config.cluster_domain)
         return Endpoint.of(request, host, replica.entry.placement.zone)
+
+
+def service_host(service: core.Service, address: str, domain: str) -> pulumi.Output[str]:
+    """How a ClusterIP Service is named to its clients: its cluster DNS name,
+    or (manifestAddress clusterIP) its cluster IP."""
+    if address == "clusterIP":
+        return service.spec.apply(_cluster_ip)
+    return service.metadata.apply(lambda m: f"{m.name}.{m.namespace}.svc.{domain}")
+
+
+def load_balancer_host(service: core.Service) -> pulumi.Output[str]:
+    return service.status.apply(_load_balancer_address)

@@ -22,6 +22,7 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 INSTANCE = "gcp:compute/instance:Instance"
 ADDRESS = "gcp:compute/address:Address"
 SERVICE = "kubernetes:core/v1:Service"
+SECRET = "kubernetes:core/v1:Secret"
 DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
 UBUNTU = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 
@@ -33,7 +34,12 @@ def _ip(prefix: str, name: str) -> str:
 def mock_resource(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
     """Outputs the real providers would add (runs in the program's process)."""
     outputs = dict(args.inputs)
-    if args.typ == DYNAMIC and args.name.endswith("-credentials"):
+    if args.typ == DYNAMIC and args.name.startswith("discovery-"):  # GeneratedSecret
+        outputs["value"] = "generated-" + hashlib.sha256(args.name.encode()).hexdigest()[:24]
+    elif args.typ == SECRET and args.resource_id:  # Secret.get of an existing Secret
+        outputs = {"data": {"token": "ZXhpc3RpbmctdG9rZW4tMDEyMzQ1Njc4OQ=="}}
+        return args.resource_id, outputs
+    elif args.typ == DYNAMIC and args.name.endswith("-credentials"):
         password = "pw-" + hashlib.sha256(args.name.encode()).hexdigest()[:16]
         digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
         outputs.update(password=password, password_hash=digest)
@@ -50,6 +56,9 @@ def mock_resource(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
         outputs["status"] = {"loadBalancer": {"ingress": [{"ip": _ip("192.0.2", args.name)}]}}
     elif args.typ == SERVICE:  # ClusterIP: the address the API server allocates
         outputs["spec"] = {**outputs["spec"], "clusterIP": _ip("10.96.0", args.name)}
+        if outputs["spec"]["type"] == "NodePort":  # and node ports from 30000 on
+            ports = outputs["spec"]["ports"]
+            outputs["spec"]["ports"] = [{**p, "nodePort": 30000 + i} for i, p in enumerate(ports)]
     else:
         return None
     return f"{args.name}-id", outputs
