@@ -1,5 +1,6 @@
 """``python -m proxyinfra``: operator commands that run outside the engine,
-each added by the backend it belongs to (proxyinfra.registry)."""
+each added by the backend it belongs to (proxyinfra.registry), and the
+autopilot, the core's own (proxyinfra/autopilot/command.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxyinfra import logs
+from proxyinfra.autopilot.command import add_command as add_autopilot
 from proxyinfra.registry import backends
 from proxyinfra.validation import ConfigError
 
@@ -21,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     for backend in backends().values():
         backend.add_commands(commands)
+    add_autopilot(commands)  # the core's own: it drives the stack, whatever its backends
     return root
 
 

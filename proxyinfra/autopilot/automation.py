@@ -1,0 +1,121 @@
+"""The real stack behind the seam: Pulumi's Automation API (``pulumi.automation``,
+the SDK the project pins) on the project directory's own program, stack,
+config file and backend, the ones `pulumi up` uses by hand; no second
+source of truth.
+
+- Config is read from ``Pulumi.<stack>.yaml`` as the other operator
+  commands read it (proxyinfra/stackfile.py) and written with
+  ``set_config(..., path=True)`` (what `pulumi config set --path` does).
+- The lock: on a file (DIY) backend the lock files under
+  ``.pulumi/locks/`` name their holder (user@host, pid, since); on any
+  backend an update that finds the stack locked fails fast with
+  ConcurrentUpdateError, turned into StackBusy with the holder the engine's
+  message names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from pulumi import automation as auto
+
+from proxyinfra.autopilot.changes import one_line
+from proxyinfra.autopilot.memory import backend_dir
+from proxyinfra.autopilot.seam import (
+    Deployed,
+    DeployedResource,
+    StackBusy,
+    Updated,
+    UpdateFailed,
+)
+from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
+
+_HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
+_ERROR_LINES = 6
+
+
+def _holder_of(text: str) -> str | None:
+    found = _HOLDER.search(text)
+    return f"{found.group(1)} (pid {found.group(2)}) since {found.group(3)}" if found else None
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+class AutomationStack:
+    def __init__(self, project_dir: Path, name: str) -> None:
+        self.name = name
+        self.project_dir = project_dir
+        workspace = auto.LocalWorkspace(work_dir=str(project_dir))
+        self._stack = auto.Stack.select(name, workspace)
+        self._project = workspace.project_settings().name
+
+    def read(self) -> Deployed:
+        raw = read_raw(stack_file(self.project_dir, self.name))
+        deployment = self._stack.export_stack().deployment or {}
+        resources = [
+            DeployedResource(
+                urn=r["urn"],
+                type=r.get("type", ""),
+                parent=r.get("parent") or None,
+                created=_time(r.get("created")),
+            )
+            for r in deployment.get("resources") or []
+        ]
+        return Deployed(config=raw, resources=resources)
+
+    def set_config(self, path: str, value: int | None) -> None:
+        key = f"{NAMESPACE}:{path}"
+        if value is None:
+            self._stack.remove_config(key, path=True)
+        else:
+            self._stack.set_config(key, auto.ConfigValue(value=str(value)), path=True)
+
+    def lock_holder(self) -> str | None:
+        root = backend_dir()
+        if root is None:
+            return None
+        locks = root / ".pulumi" / "locks"
+        for lock in sorted(locks.glob(f"**/{self._project}/{self.name}/*.json")):
+            try:
+                content = json.loads(lock.read_text())
+            except (OSError, ValueError):
+                return ""  # a lock being written, or gone: held by someone unnamed
+            return (
+                f"{content.get('username')}@{content.get('hostname')} "
+                f"(pid {content.get('pid')}) since {content.get('timestamp')}"
+            )
+        return None
+
+    def update(self, message: str, targets: Sequence[str]) -> Updated:
+        if not targets:
+            raise ValueError("an update without targets would be a whole `pulumi up`")
+        try:
+            result = self._stack.up(
+                message=message,
+                target=list(targets),
+                target_dependents=True,
+                color="never",
+                suppress_outputs=True,
+                suppress_progress=True,
+                show_secrets=False,
+            )
+        except auto.ConcurrentUpdateError as error:
+            raise StackBusy(_holder_of(str(error))) from None
+        except auto.CommandError as error:
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
+        summary = result.summary
+        number = summary.version or len(self._stack.history(show_secrets=False))
+        changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
+        return Updated(number, changes, str(summary.start_time))

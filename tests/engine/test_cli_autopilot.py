@@ -1,0 +1,344 @@
+"""`python -m proxyinfra autopilot` through the real Pulumi CLI on simulated
+kvm hosts, with the real discovery service (its leases, reports and refused
+grants through the HTTP API), as an operator runs it: ordered steps on one
+stack (groups `home`, 2 replicas, and `edge`, 1).
+
+The service reads the fleet from a file the test writes from `pulumi stack
+output --json --show-secrets` after each update (the documented way to feed
+it a stack's manifest): what it serves is the stack output each targeted
+update wrote. Its health verdicts come from a fake (every proxy healthy), so
+that crawlers can lease the simulated proxies and report them blocked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from providers.kvm.simulated import SimulatedHost
+from proxyinfra.names import proxy_id
+from tests.support import ROOT
+from tests.support.baseimages import random_qcow2, serve
+from tests.support.discovery import ServerThread, settings_for, wait_for
+from tests.support.http import FileServer
+from tests.support.pulumi_cli import PROJECT, CliStack, descendants, freeze_run
+from tests.support.simulated_fleet import simulated_env
+from tests.support.stack_config import (
+    host,
+    image,
+    key_files,
+    kvm_provider,
+    placement,
+    proxy,
+    stack_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
+TOKEN = "autopilot-test-token"
+STACK = "auto"
+WINDOW_S = 30
+
+
+@dataclass
+class World:
+    stack: CliStack
+    hosts: Path
+    fleet: Path
+    service: ServerThread
+    state: Path  # the autopilot's round state file
+
+    def autopilot(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args),
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args),
+            cwd=ROOT,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def argv(self, *args: str) -> list[str]:
+        command = [sys.executable, "-m", "proxyinfra", "--project-dir", str(self.stack.directory)]
+        command += ["autopilot", *args, "--stack", STACK]
+        if args[:1] not in (("pause",), ("resume",)):
+            command += ["--discovery", self.service.url]
+        return command
+
+    def env(self) -> dict[str, str]:
+        return self.stack.env() | {"DISCOVERY_TOKEN": TOKEN}
+
+    def publish(self) -> dict[str, Any]:
+        """The stack's output as the service reads it; waits until it serves it."""
+        outputs = json.loads(self.stack.ok("stack", "output", "--json", "--show-secrets").stdout)
+        tmp = self.fleet.with_suffix(".tmp")
+        tmp.write_text(json.dumps(outputs))
+        os.replace(tmp, self.fleet)
+        names = {p["name"] for p in outputs["fleet"]["proxies"]}
+        with self.http() as http:
+            wait_for(lambda: set(_names(http)) == names, what="the service to serve the fleet")
+        return outputs["fleet"]  # type: ignore[no-any-return]
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+
+    def history(self) -> list[dict[str, Any]]:
+        return json.loads(self.stack.ok("stack", "history", "--json").stdout)  # type: ignore[no-any-return]
+
+    def config(self) -> dict[str, Any]:
+        document = yaml.safe_load(self.stack.stack_file.read_text())
+        return {k.split(":", 1)[1]: v for k, v in document["config"].items()}
+
+    def mac(self, name: str) -> str:
+        host_ = SimulatedHost(self.hosts / "home--nas1", pool="default", network="n")
+        try:
+            xml = host_.raw.lookupByName(proxy_id(PROJECT, STACK, name)).XMLDesc(0)
+        finally:
+            host_.close()
+        mac: str = xml.split("<mac address='", 1)[1].split("'", 1)[0]
+        return mac
+
+
+def _names(http: httpx.Client) -> list[str]:
+    answer = http.get("/v1/proxies")
+    answer.raise_for_status()
+    return [p["name"] for p in answer.json()["proxies"]]
+
+
+def decisions(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+POLICY: dict[str, Any] = {
+    # A short window: a proxy is recycled for its bans only once it is older
+    # than the window (its count could hold its old address's bans otherwise).
+    "recycle": {"bannedSites": 3, "window": f"{WINDOW_S}s", "healthyFloor": 1},
+    "scale": {
+        "groups": {"home": {"min": 2, "max": 3}, "edge": {"min": 1, "max": 2}},
+        "settle": "1s",
+    },
+    "maxChangesPerRound": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    where = tmp_path_factory.mktemp("autopilot")
+    with FileServer() as server:
+        url = serve(server, random_qcow2(where, data_mib=1, virtual_mib=16)).url
+        provider = kvm_provider(
+            *key_files(where), hosts=[host("nas1")], images={"d": image(url)}, ip_timeout=30
+        )
+        config = stack_config(
+            [provider],
+            [
+                proxy("home", "home", replicas=2, where=placement(), labels={"group": "home"}),
+                proxy("edge", "home", where=placement(), labels={"group": "edge"}),
+            ],
+        )
+        config["autopilot"] = POLICY
+        stack = CliStack(where / "stack", STACK, config, simulated_env(where / "hosts"))
+        fleet = where / "fleet.json"
+        settings = settings_for(where, fleet_files=(fleet,), token=TOKEN, file_poll=0.1)
+        stack.ok("up", "--yes", "--skip-preview")
+        outputs = json.loads(stack.ok("stack", "output", "--json", "--show-secrets").stdout)
+        fleet.write_text(json.dumps(outputs))
+        with ServerThread(settings) as service:
+            state = where / "stack" / "state" / "autopilot" / PROJECT / f"{STACK}.json"
+            yield World(stack, where / "hosts", fleet, service, state)
+        stack.run("destroy", "--yes", "--skip-preview")
+
+
+@pytest.mark.step
+def test_a_bad_policy_is_refused_by_path_before_any_update(world: World) -> None:
+    before = world.history()
+    world.stack.write_config({**world.config(), "autopilot": {**POLICY, "maxChangesPerRound": 0}})
+    try:
+        done = world.autopilot("--once")
+    finally:
+        world.stack.write_config({**world.config(), "autopilot": POLICY})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "autopilot.maxChangesPerRound" in done.stderr and "(got 0)" in done.stderr
+    assert world.history() == before and not world.state.exists()
+
+
+def _blocked_by_three_sites(world: World) -> None:
+    """Three sites report home-0 blocked, through leases on it: the first
+    grant is home-0 (never leased, by name), then home-1 is held so that
+    the next grants can only be home-0."""
+    with world.http() as http:
+
+        def grant() -> dict[str, Any]:
+            answer = http.post(
+                "/v1/leases", json={"holder": "crawler", "selector": {"labels": {"group": "home"}}}
+            )
+            assert answer.status_code == 201, answer.text
+            return answer.json()  # type: ignore[no-any-return]
+
+        first = grant()
+        assert first["proxy"]["name"] == "home-0"
+        for n, lease in enumerate([first, None, None], start=1):
+            if lease is None:
+                lease = grant()
+            assert lease["proxy"]["name"] == "home-0"
+            reported = http.post(
+                f"/v1/leases/{lease['id']}/report",
+                json={"outcome": "blocked", "target": f"site-{n}.example"},
+            )
+            assert reported.status_code == 204, reported.text
+            assert http.delete(f"/v1/leases/{lease['id']}").status_code == 204
+            if n == 1:
+                held = grant()
+                assert held["proxy"]["name"] == "home-1"
+        assert http.delete(f"/v1/leases/{held['id']}").status_code == 204
+
+
+def _older_than_the_window(world: World, name: str) -> None:
+    """Waits until replica NAME was made more than the window ago."""
+    [made] = [
+        r["created"]
+        for r in world.stack.resources()
+        if r["type"] == "egress-proxies:fleet:Proxy" and r["urn"].endswith(f"::{name}")
+    ]
+    age = time.time() - datetime.fromisoformat(made).timestamp()
+    time.sleep(max(0.0, WINDOW_S + 1 - age))
+
+
+@pytest.mark.step
+def test_dry_run_and_pause_change_nothing(world: World) -> None:
+    _older_than_the_window(world, "home-0")
+    _blocked_by_three_sites(world)
+    history, config = world.history(), world.stack.stack_file.read_bytes()
+    done = world.autopilot("--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [change] = [d for d in decisions(done) if d["event"] == "change"]
+    assert change["result"] == "dry-run" and change["proxies"] == ["home-0", "home-0-g2"]
+    assert world.history() == history and world.stack.stack_file.read_bytes() == config
+    assert not world.state.exists()
+    # Paused: a round says so and changes nothing, its state file included.
+    world.state.parent.mkdir(parents=True, exist_ok=True)
+    world.state.write_text('{"version": 1, "groups": {}, "failures": {}}\n')
+    kept = world.state.read_bytes()
+    assert world.autopilot("pause").returncode == 0
+    done = world.autopilot("--once")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [d["result"] for d in decisions(done)] == ["paused"]
+    assert world.history() == history and world.stack.stack_file.read_bytes() == config
+    assert world.state.read_bytes() == kept
+    assert "resumed" in world.autopilot("resume").stdout
+
+
+@pytest.mark.step
+def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> None:
+    old_mac = world.mac("home-0")
+    old = {p["name"]: p for p in json.loads(world.fleet.read_text())["fleet"]["proxies"]}
+    done = world.autopilot("--once")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [change] = [d for d in decisions(done) if d["event"] == "change"]
+    assert change["result"] == "applied", change
+    assert change["signal"]["blockedSites"] == 3 and change["proxies"] == ["home-0", "home-0-g2"]
+    assert world.config()["generations"] == {"home-0": 2}
+    fleet = {p["name"]: p for p in world.publish()["proxies"]}
+    assert sorted(fleet) == ["edge-0", "home-0-g2", "home-1"]
+    assert fleet["home-0-g2"]["id"] != old["home-0"]["id"]
+    assert fleet["home-1"] == old["home-1"]  # untouched
+    assert world.mac("home-0-g2") != old_mac
+    [last] = world.history()[:1]
+    assert last["message"] == change["message"]
+    assert last["message"].startswith(
+        "autopilot: recycle home-0 (home): blocked by 3 distinct sites"
+    )
+    # A file backend numbers no update: the autopilot gives its ordinal in the history.
+    assert change["update"] == len(world.history()) == 2
+
+
+@pytest.mark.step
+def test_refused_grants_raise_groups_one_change_a_round_never_past_max(world: World) -> None:
+    with world.http() as http:
+        held = []
+        while (answer := http.post("/v1/leases", json={"holder": "busy"})).status_code == 201:
+            held.append(answer.json()["id"])
+        assert answer.status_code == 409 and len(held) == 3
+        for _ in range(30):  # no selector: refused for every group
+            assert http.post("/v1/leases", json={"holder": "waiting"}).status_code == 409
+    results = []
+    for _ in range(3):
+        before = len(world.history())
+        done = world.autopilot("--once")
+        assert done.returncode == 0, done.stdout + done.stderr
+        changes = [d for d in decisions(done) if d["event"] == "change"]
+        assert len(changes) <= 1  # maxChangesPerRound 1
+        assert len(world.history()) == before + len(changes)
+        results += [(c["group"], c["result"]) for c in changes]
+        world.publish()
+        time.sleep(1)  # settle 1s
+    assert results == [("edge", "applied"), ("home", "applied")]
+    replicas = {p["name"]: p.get("replicas") for p in world.config()["proxies"]}
+    assert replicas == {"home": 3, "edge": 2}
+
+
+@pytest.mark.step
+def test_a_manual_update_holding_the_lock_is_waited_for_then_the_change_goes_on(
+    world: World,
+) -> None:
+    # The next change the autopilot makes: bring home up to its new min.
+    policy = json.loads(json.dumps(POLICY))
+    policy["scale"]["groups"]["home"] = {"min": 4, "max": 4}
+    world.stack.write_config({**world.config(), "autopilot": policy})
+    locks = world.stack.directory / "state" / ".pulumi" / "locks"
+    manual = world.stack.start("up", "--yes", "--skip-preview")
+    try:
+        wait_for(lambda: any(locks.rglob("*.json")), timeout=60, what="the manual update's lock")
+        freeze_run(manual)  # it holds the lock, doing nothing
+        pilot = world.start("--once")
+        waited = []
+        for line in pilot.stdout or []:
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("event") == "wait":
+                waited.append(event)
+                break
+        assert waited and f"(pid {manual.pid})" in waited[0]["holder"], waited
+        assert pilot.poll() is None  # still waiting, never cancelling the other
+        _thaw(manual)
+        assert manual.wait(timeout=300) == 0
+        rest, _ = pilot.communicate(timeout=600)
+    finally:
+        _thaw(manual)
+        manual.wait(timeout=300)
+    assert pilot.returncode == 0, rest
+    lines = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    [change] = [d for d in lines if d["event"] == "change"]
+    assert change["result"] == "applied" and change["duration"] > 0
+    assert world.history()[0]["message"] == change["message"]
+    assert world.history()[1]["kind"] == "update"  # the manual one, before it
+
+
+def _thaw(process: subprocess.Popen[Any]) -> None:
+    for pid in [process.pid, *descendants(process.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
