@@ -19,6 +19,7 @@ from providers.kubernetes.container import (
     SQUID_UID,
 )
 from providers.kubernetes.labels import selector, stack_selector
+from providers.kubernetes.restricted import container_security, pod_security
 from proxyinfra.backend import ProxyRequest
 
 core = k8s.core.v1
@@ -65,12 +66,7 @@ def _container(request: ProxyRequest, k8s_config: KubernetesProvider) -> core.Co
             requests={"cpu": k8s_config.cpu_request, "memory": k8s_config.memory_request},
             limits={"cpu": k8s_config.cpu_limit, "memory": k8s_config.memory_limit},
         ),
-        security_context=core.SecurityContextArgs(
-            run_as_non_root=True,
-            allow_privilege_escalation=False,
-            read_only_root_filesystem=True,
-            capabilities=core.CapabilitiesArgs(drop=["ALL"]),
-        ),
+        security_context=container_security(),
         volume_mounts=mounts,
     )
 
@@ -133,13 +129,7 @@ def deployment_spec(
                 # squid needs no Kubernetes API; a token would only be a target.
                 automount_service_account_token=False,
                 enable_service_links=False,
-                security_context=core.PodSecurityContextArgs(
-                    run_as_non_root=True,
-                    run_as_user=SQUID_UID,
-                    run_as_group=SQUID_UID,
-                    fs_group=SQUID_UID,
-                    seccomp_profile=core.SeccompProfileArgs(type="RuntimeDefault"),
-                ),
+                security_context=pod_security(SQUID_UID),
                 node_selector={"topology.kubernetes.io/zone": zone} if zone else None,
                 # Proxies on different nodes egress from different addresses.
                 affinity=core.AffinityArgs(

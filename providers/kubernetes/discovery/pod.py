@@ -21,6 +21,7 @@ from providers.kubernetes.discovery.names import (
     selector,
 )
 from providers.kubernetes.discovery.network import ports
+from providers.kubernetes.restricted import container_security, pod_security
 from proxyinfra.backend import DiscoveryRequest
 
 core = k8s.core.v1
@@ -113,12 +114,7 @@ def deployment_spec(
             requests={"cpu": resources.cpu_request, "memory": resources.memory_request},
             limits={"cpu": resources.cpu_limit, "memory": resources.memory_limit},
         ),
-        security_context=core.SecurityContextArgs(
-            run_as_non_root=True,
-            allow_privilege_escalation=False,
-            read_only_root_filesystem=True,
-            capabilities=core.CapabilitiesArgs(drop=["ALL"]),
-        ),
+        security_context=container_security(),
         volume_mounts=[
             core.VolumeMountArgs(name="fleet", mount_path=FLEET_DIR, read_only=True),
             core.VolumeMountArgs(name="tmp", mount_path="/tmp"),
@@ -155,13 +151,7 @@ def deployment_spec(
                         empty_dir=core.EmptyDirVolumeSourceArgs(medium="Memory", size_limit="16Mi"),
                     ),
                 ],
-                security_context=core.PodSecurityContextArgs(
-                    run_as_non_root=True,
-                    run_as_user=APP_UID,
-                    run_as_group=APP_UID,
-                    fs_group=APP_UID,
-                    seccomp_profile=core.SeccompProfileArgs(type="RuntimeDefault"),
-                ),
+                security_context=pod_security(APP_UID),
                 termination_grace_period_seconds=PRE_STOP_S + GRACEFUL_S + 10,
                 affinity=core.AffinityArgs(
                     pod_anti_affinity=core.PodAntiAffinityArgs(

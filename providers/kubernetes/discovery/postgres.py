@@ -24,6 +24,7 @@ from providers.kubernetes.discovery.names import (
     selector,
 )
 from providers.kubernetes.discovery.network import database_policy_spec
+from providers.kubernetes.restricted import container_security, pod_security
 from proxyinfra.backend import DiscoveryRequest
 
 core = k8s.core.v1
@@ -66,12 +67,7 @@ def _container(image: str) -> core.ContainerArgs:
             initial_delay_seconds=30,
             period_seconds=10,
         ),
-        security_context=core.SecurityContextArgs(
-            run_as_non_root=True,
-            allow_privilege_escalation=False,
-            read_only_root_filesystem=True,
-            capabilities=core.CapabilitiesArgs(drop=["ALL"]),
-        ),
+        security_context=container_security(),
         volume_mounts=[
             core.VolumeMountArgs(name="data", mount_path=DATA_DIR),
             core.VolumeMountArgs(name="password", mount_path=PASSWORD_DIR, read_only=True),
@@ -177,13 +173,7 @@ def deploy_database(
                             ),
                         ),
                     ],
-                    security_context=core.PodSecurityContextArgs(
-                        run_as_non_root=True,
-                        run_as_user=POSTGRES_UID,
-                        run_as_group=POSTGRES_UID,
-                        fs_group=POSTGRES_UID,
-                        seccomp_profile=core.SeccompProfileArgs(type="RuntimeDefault"),
-                    ),
+                    security_context=pod_security(POSTGRES_UID),
                     # postgres's fast shutdown on SIGTERM's second half.
                     termination_grace_period_seconds=30,
                 ),
