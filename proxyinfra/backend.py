@@ -74,6 +74,12 @@ class Deployer(Protocol):
     def deploy(self, request: ProxyRequest, parent: pulumi.Resource) -> Endpoint: ...
 
 
+# The resource that hands the manifest to a discovery service the stack runs:
+# a backend names it so, and the autopilot targets it, so a targeted update
+# that changes the fleet also changes what that service reads.
+FLEET_RESOURCE = "discovery-fleet-secret"
+
+
 @dataclass(frozen=True)
 class DiscoveryRequest:
     """The discovery service the stack deploys (egress-proxies:discovery) on

@@ -12,6 +12,7 @@ from proxyinfra.config import Replica, StackConfig
 from proxyinfra.credentials import ProxyCredentials
 from proxyinfra.manifest import Manifest
 from proxyinfra.names import proxy_id
+from proxyinfra.partial import Ticket, merged_proxies
 from proxyinfra.registry import backends
 
 PROXY_TYPE = "egress-proxies:fleet:Proxy"
@@ -76,11 +77,31 @@ def _manifest_entry(request: ProxyRequest, endpoint: Endpoint) -> dict[str, Any]
     return entry
 
 
-def build_fleet(config: StackConfig, deployers: Mapping[str, Deployer]) -> pulumi.Output[Any]:
-    """Register every proxy and return the manifest (stack output ``fleet``)."""
-    proxies = [Proxy(r, deployers[r.provider.type], config) for r in config.replicas()]
+def build_fleet(
+    config: StackConfig,
+    deployers: Mapping[str, Deployer],
+    partial: Ticket | None = None,
+    previous: pulumi.Output[Any] | None = None,
+) -> pulumi.Output[Any]:
+    """Register the proxies and return the manifest (stack output ``fleet``).
+
+    Every replica, or in a partial run (proxyinfra/partial.py) only the
+    ticket's, the others' entries taken from PREVIOUS (the stack's last
+    ``fleet``), so the manifest is the same either way."""
+    replicas = config.replicas()
+    chosen = [r for r in replicas if partial is None or r.name in partial.replicas]
+    proxies = [Proxy(r, deployers[r.provider.type], config) for r in chosen]
     header = {"version": 1, "project": pulumi.get_project(), "stack": pulumi.get_stack()}
-    # Through the model: what the stack exports is what discovery accepts.
-    return pulumi.Output.all(*[p.entry for p in proxies]).apply(
-        lambda entries: Manifest.model_validate({**header, "proxies": list(entries)}).document()
+    order = [r.name for r in replicas]
+
+    def manifest(previous_fleet: Any, *entries: dict[str, Any]) -> dict[str, Any]:
+        registered = {entry["name"]: entry for entry in entries}
+        listed = (
+            list(entries) if partial is None else merged_proxies(order, registered, previous_fleet)
+        )
+        # Through the model: what the stack exports is what discovery accepts.
+        return Manifest.model_validate({**header, "proxies": listed}).document()
+
+    return pulumi.Output.all(previous, *[p.entry for p in proxies]).apply(
+        lambda values: manifest(*values)
     )

@@ -15,6 +15,7 @@ from proxyinfra.backend import Deployer
 from proxyinfra.config import StackConfig
 from proxyinfra.discovery_stack import deploy_discovery, discovery_issues
 from proxyinfra.fleet import build_fleet
+from proxyinfra.partial import read_ticket
 from proxyinfra.plugins import installed
 from proxyinfra.registry import backends
 from proxyinfra.validation import ConfigError, ConfigIssue, validate
@@ -101,12 +102,20 @@ def check_access(config: StackConfig) -> None:
         raise ConfigError(issues)
 
 
+def previous_fleet() -> pulumi.Output[Any]:
+    """The stack's own ``fleet`` output as its last update left it (a partial
+    run's other entries; a read, so nothing of the stack changes)."""
+    name = f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+    return pulumi.StackReference(name).get_output("fleet")
+
+
 def main() -> dict[str, Any]:
     config = load()
     check_plugins(config)
     check_access(config)
     made = deployers(config)
-    fleet = build_fleet(config, made)
+    partial = read_ticket(pulumi.get_stack())
+    fleet = build_fleet(config, made, partial, previous_fleet() if partial else None)
     outputs = {"fleet": fleet, **deploy_discovery(config, fleet, made)}
     for name, value in outputs.items():
         pulumi.export(name, value)

@@ -32,6 +32,7 @@ from proxyinfra.autopilot.seam import (
     Updated,
     UpdateFailed,
 )
+from proxyinfra.partial import ticket
 from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
 
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
@@ -56,7 +57,10 @@ class AutomationStack:
     def __init__(self, project_dir: Path, name: str) -> None:
         self.name = name
         self.project_dir = project_dir
-        workspace = auto.LocalWorkspace(work_dir=str(project_dir))
+        # The workspace's environment, read at each command: a ticket's entry
+        # is put in for the update it is for (proxyinfra/partial.py).
+        self._env: dict[str, str] = {}
+        workspace = auto.LocalWorkspace(work_dir=str(project_dir), env_vars=self._env)
         self._stack = auto.Stack.select(name, workspace)
         self._project = workspace.project_settings().name
 
@@ -97,19 +101,17 @@ class AutomationStack:
             )
         return None
 
-    def update(self, message: str, targets: Sequence[str]) -> Updated:
+    def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
         if not targets:
             raise ValueError("an update without targets would be a whole `pulumi up`")
         try:
-            result = self._stack.up(
-                message=message,
-                target=list(targets),
-                target_dependents=True,
-                color="never",
-                suppress_outputs=True,
-                suppress_progress=True,
-                show_secrets=False,
-            )
+            with ticket(self.name, registers) as entry:
+                self._env.update(entry)
+                try:
+                    result = self._up(message, targets)
+                finally:
+                    for key in entry:
+                        self._env.pop(key, None)
         except auto.ConcurrentUpdateError as error:
             raise StackBusy(_holder_of(str(error))) from None
         except auto.CommandError as error:
@@ -119,3 +121,14 @@ class AutomationStack:
         number = summary.version or len(self._stack.history(show_secrets=False))
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))
+
+    def _up(self, message: str, targets: Sequence[str]) -> auto.UpResult:
+        return self._stack.up(
+            message=message,
+            target=list(targets),
+            target_dependents=True,
+            color="never",
+            suppress_outputs=True,
+            suppress_progress=True,
+            show_secrets=False,
+        )

@@ -257,7 +257,7 @@ class Autopilot:
                         # an update without targets would be a whole `up`.
                         return _Outcome("applied", error=None)
                     try:
-                        updated = self.stack.update(change.message, edit.targets)
+                        updated = self.stack.update(change.message, edit.targets, edit.registers)
                     except StackBusy as busy:
                         self.stack.set_config(edit.path, edit.before)
                         holder = busy.holder or ""

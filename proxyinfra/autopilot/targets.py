@@ -23,6 +23,7 @@ from typing import Any
 from proxyinfra.autopilot.changes import Change, Recycle
 from proxyinfra.autopilot.fleet import FleetGroup, groups_of_stack
 from proxyinfra.autopilot.seam import Deployed
+from proxyinfra.backend import FLEET_RESOURCE
 from proxyinfra.config import StackConfig
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.generations import parse_name, replica_name
@@ -35,6 +36,7 @@ class Edit:
     after: int
     targets: tuple[str, ...]
     proxies: tuple[str, ...]  # the replicas that leave, then those that come
+    registers: tuple[str, ...]  # the replicas the update's partial run registers: those that come
 
 
 def proxy_urn(stack: str, project: str, name: str) -> str:
@@ -69,6 +71,8 @@ def edit_for(
     program registers it)."""
     raw = deployed.config
     held = {r.urn for r in deployed.resources}
+    # The manifest a discovery service the stack runs reads: it changes with the fleet.
+    carriers = tuple(sorted(u for u in held if u.rsplit("::", 1)[1] == FLEET_RESOURCE))
 
     def urn(name: str) -> str:
         return proxy_urn(stack, project, name)
@@ -83,8 +87,9 @@ def edit_for(
             f"generations.{slot}",
             before if isinstance(before, int) else None,
             generation + 1,
-            (*leaving, urn(new)),
+            (*leaving, urn(new), *carriers),
             (change.proxy, new),
+            (new,),
         )
     index = next(i for i, entry in enumerate(config.proxies) if entry.name == change.group)
     raw_entry = raw["proxies"][index]
@@ -95,10 +100,12 @@ def edit_for(
         for slot in (f"{change.group}-{i}" for i in range(low, high))
     )
     shrinks = change.after < change.before
+    targets = tuple(urn(n) for n in names if not shrinks or urn(n) in held)
     return Edit(
         f"proxies[{index}].replicas",
         before if isinstance(before, int) else None,
         change.after,
-        tuple(urn(n) for n in names if not shrinks or urn(n) in held),
+        (*targets, *carriers) if targets else (),
         names,
+        () if shrinks else names,
     )

@@ -115,7 +115,7 @@ class FakeStack:
             return "ops@laptop (pid 4242) since 2026-12-04T11:59:00Z"
         return None
 
-    def update(self, message: str, targets: Sequence[str]) -> Updated:
+    def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
         if self.busy_updates > 0:
             self.busy_updates -= 1
             raise StackBusy("ops@laptop (pid 4242) since 2026-12-04T11:59:00Z")

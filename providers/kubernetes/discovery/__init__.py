@@ -30,7 +30,7 @@ from providers.kubernetes.discovery.names import (
 from providers.kubernetes.discovery.network import network_policy_spec, service_spec
 from providers.kubernetes.discovery.pod import deployment_spec
 from providers.kubernetes.discovery.postgres import deploy_database
-from proxyinfra.backend import DiscoveryEndpoint, DiscoveryRequest
+from proxyinfra.backend import FLEET_RESOURCE, DiscoveryEndpoint, DiscoveryRequest
 
 core = k8s.core.v1
 meta = k8s.meta.v1
@@ -100,7 +100,7 @@ def deploy(
         request.fleet.apply(lambda fleet: {FLEET_KEY: json.dumps(fleet, sort_keys=True)})
     )
     fleet_secret = core.Secret(
-        "discovery-fleet-secret",
+        FLEET_RESOURCE,
         metadata=metadata(f"{base}-fleet", "discovery"),
         type="Opaque",
         string_data=fleet_data,
