@@ -116,6 +116,34 @@ class HostsDiscovery(Protocol):
         missing (a Secret the config names), checked before any resource."""
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where the replicas of one ``proxies[]`` entry take room (``kvm-home/nas1``)
+    and what one more replica takes there, per resource ({"memory": bytes})."""
+
+    name: str
+    needs: Mapping[str, int]
+
+
+class RoomUnknown(Exception):
+    """A place's free room could not be read (its host unreachable); the
+    message names the place and why."""
+
+
+@runtime_checkable
+class KnowsRoom(Protocol):
+    """A backend that can tell how much room its places have for more proxies
+    (kvm: a host's free memory and pool space). The others have no limit the
+    project knows (docs/autopilot.md, "Room")."""
+
+    def place(self, proxy: ProxyEntry, entry: ProviderEntry) -> Place:
+        """Where PROXY's replicas go on ENTRY and what one more needs there."""
+
+    def free(self, proxy: ProxyEntry, entry: ProviderEntry, base_dir: Path) -> Mapping[str, int]:
+        """The free amount of each resource at PROXY's place, read now from
+        the place itself; raises RoomUnknown when it cannot be read."""
+
+
 class Backend(Protocol):
     type: str
     """The ``type`` of its provider entries, e.g. ``kvm``."""

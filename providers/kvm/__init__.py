@@ -11,9 +11,9 @@ from typing import Any
 
 from providers.kvm import checks
 from providers.kvm.config import APT_WORD, KvmProviderEntry
-from proxyinfra.backend import Backend, Deployer
+from proxyinfra.backend import Backend, Deployer, Place
 from proxyinfra.checks import PlacementCheck, Report
-from proxyinfra.config import ProviderEntry
+from proxyinfra.config import ProviderEntry, ProxyEntry
 from proxyinfra.plugins import Plugin
 
 
@@ -42,6 +42,18 @@ class KvmBackend:
 
     def check_access(self, entry: ProviderEntry, base_dir: Path) -> None:
         return None  # hosts: `python -m proxyinfra hosts check`; clouds: the provider plugin
+
+    def place(self, proxy: ProxyEntry, entry: ProviderEntry) -> Place:
+        from providers.kvm import room  # the connection and libvirt: only to read room
+
+        assert isinstance(entry, KvmProviderEntry)
+        return room.place(proxy, entry)
+
+    def free(self, proxy: ProxyEntry, entry: ProviderEntry, base_dir: Path) -> Mapping[str, int]:
+        from providers.kvm import room
+
+        assert isinstance(entry, KvmProviderEntry)
+        return room.free(proxy, entry, base_dir)
 
     def add_commands(self, commands: argparse._SubParsersAction[Any]) -> None:
         from providers.kvm.commands import add_commands

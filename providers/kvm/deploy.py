@@ -25,7 +25,9 @@ from proxyinfra.squid import password_file_line, render_squid_conf, settings_fro
 SHUTDOWN_TIMEOUT_SECONDS = 60
 
 
-def _host(provider: KvmProviderEntry, zone: str | None) -> KvmHost:
+def host_of(provider: KvmProviderEntry, zone: str | None) -> KvmHost:
+    """The host a proxy with placement ZONE lands on (validation: one of the
+    provider's, required when it has several)."""
     hosts = provider.kvm.hosts
     return next(h for h in hosts if h.name == zone) if zone else hosts[0]
 
@@ -59,7 +61,7 @@ class KvmDeployer:
         provider = replica.provider
         assert isinstance(provider, KvmProviderEntry)
         placement = replica.entry.placement
-        host = _host(provider, placement.zone)
+        host = host_of(provider, placement.zone)
         access = HostAccess.of(provider, host, self.base_dir)
         image = _image(provider, placement.image or "")
         machine = provider.kvm.machine_types[placement.machine_type or ""]

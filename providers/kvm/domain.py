@@ -29,6 +29,7 @@ from pulumi.dynamic import (
 
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.capacity import domain_memory, free_memory
 from providers.kvm.domainxml import (
     NS_URI,
     DomainInfo,
@@ -53,7 +54,6 @@ UNDEFINE_FLAGS = (
 AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
 ARP = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP
 POLL_START, POLL_MAX = 1.0, 4.0
-MIB = 1024 * 1024
 REPLACE, UPDATE = Change.REPLACE, Change.UPDATE
 
 
@@ -156,8 +156,8 @@ class ProxyDomainProvider(KvmProvider):
         access = args.host
         log = self.logger(access, args.name)
         conn = self.connection(props).libvirt()
-        memory = args.memory_mib * MIB
-        free = conn.getFreeMemory()
+        memory = domain_memory(args.memory_mib)
+        free = free_memory(conn)
         if memory > free:
             raise CapacityError(
                 access.where,

@@ -33,6 +33,7 @@ from pulumi.dynamic import (
 
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.capacity import size_bytes
 from providers.kvm.errors import HostError, HostResourceMissing
 from providers.kvm.resource import VolumeProvider
 from providers.kvm.volumes import (
@@ -64,11 +65,6 @@ class OverlayArgs(ResourceArgs, Generic[Made]):
 
 def _args(props: dict[str, Any]) -> OverlayArgs[str]:
     return OverlayArgs.from_props(props)
-
-
-def size_bytes(size_gb: Any) -> int:
-    """sizeGb as bytes; numbers cross the engine as floats."""
-    return int(size_gb) * GIB
 
 
 def _is_unknown(value: Any) -> bool:
@@ -115,7 +111,7 @@ class OverlayProvider(VolumeProvider):
         log = self.logger(access, name)
         conn = self.connection(props).libvirt()
         pool = lookup_pool(conn, access)
-        capacity = args.size_gb * GIB
+        capacity = size_bytes(args.size_gb)
         existing = lookup_volume(pool, name)
         if existing is not None:
             info = self._adopt(existing, args, capacity)
@@ -167,7 +163,7 @@ class OverlayProvider(VolumeProvider):
                 f"overlay {name!r} is missing from pool {access.pool!r}",
                 "run `pulumi refresh` so it is created again",
             )
-        capacity = args.size_gb * GIB
+        capacity = size_bytes(args.size_gb)
         info = self._describe(vol)
         if capacity > info.capacity:  # never shrink: libvirt refuses, and data would be cut
             vol.resize(capacity, 0)

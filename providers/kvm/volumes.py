@@ -13,6 +13,7 @@ from typing import Any
 import libvirt
 
 from providers.kvm.access import HostAccess
+from providers.kvm.capacity import pool_available
 from providers.kvm.errors import CapacityError, HostResourceMissing
 
 GIB = 1024**3
@@ -94,7 +95,7 @@ def human(size: float) -> str:
 
 def require_space(pool: Any, needed: int, access: HostAccess, what: str) -> None:
     """Refuse before writing when the pool cannot hold `needed` bytes."""
-    _state, _capacity, _allocation, available = pool.info()
+    available = pool_available(pool)
     if needed > available:
         raise CapacityError(
             access.where,

@@ -30,6 +30,7 @@ from typing import IO, Any, TextIO
 from proxyinfra.autopilot.feed import HttpSignals, SignalsError
 from proxyinfra.autopilot.log import DecisionLog
 from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
+from proxyinfra.autopilot.room import BackendRoom
 from proxyinfra.autopilot.run import Autopilot, Options
 from proxyinfra.autopilot.seam import SystemClock
 from proxyinfra.autopilot.status import Status, serve
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: 
         files,
         status,
         options,
+        room=BackendRoom(),
     )
     try:
         if args.once or args.dry_run:

@@ -356,6 +356,10 @@ def _select(
             held.append(Held(subject, scale.rule, f"{scale.reason}; but {why}"))
             continue
         if after < wish.target:
+            # The rest of what was asked is held: the log says what the room refused.
+            why = f"room for {after - scale.before} more on {group.place} only"
+            left = wish.target - after
+            held.append(Held(subject, scale.rule, f"{scale.reason}; {left} of them not now: {why}"))
             scale = replace(
                 scale,
                 after=after,

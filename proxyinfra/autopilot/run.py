@@ -39,6 +39,7 @@ from proxyinfra.autopilot.fleet import FleetGroup, Room
 from proxyinfra.autopilot.log import DecisionLog
 from proxyinfra.autopilot.memory import Memory, MemoryFiles
 from proxyinfra.autopilot.plan import plan
+from proxyinfra.autopilot.room import RoomRead, RoomSource
 from proxyinfra.autopilot.seam import Clock, Deployed, StackBusy, UpdateFailed
 from proxyinfra.autopilot.seam import Stack as StackSeam
 from proxyinfra.autopilot.signals import Signals
@@ -94,6 +95,7 @@ class Autopilot:
         files: MemoryFiles,
         status: Status,
         options: Options,
+        room: RoomSource | None = None,  # None: no place has a known room (no limit but max)
     ) -> None:
         self.stack = stack
         self.signals = signals
@@ -102,6 +104,7 @@ class Autopilot:
         self.files = files
         self.status = status
         self.options = options
+        self.room = room
         self.results: list[str] = []  # each change's result in the last round
         self._current: tuple[Deployed, StackConfig] | None = None
         self.stopping = False
@@ -138,8 +141,11 @@ class Autopilot:
         groups = fleet_groups(config, deployed)
         memory = self.files.load()
         now = self.clock.now()
-        the_plan = plan(policy, groups, signals, Room(), memory.planner, now)
-        for held in the_plan.held:
+        read = RoomRead(tuple(groups), Room(), ())
+        if self.room is not None and policy.scale is not None:
+            read = self.room.read(config, groups, set(policy.scale.groups))
+        the_plan = plan(policy, read.groups, signals, read.room, memory.planner, now)
+        for held in (*read.held, *the_plan.held):
             self.log.write(
                 "held", subject=held.subject, rule=held.rule, message=held.message, result="held"
             )
@@ -164,7 +170,7 @@ class Autopilot:
             result=result,
             changes=len(the_plan.changes),
             applied=len(applied),
-            held=len(the_plan.held),
+            held=len(read.held) + len(the_plan.held),
         )
         return self._ended(result)
 

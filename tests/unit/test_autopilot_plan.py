@@ -317,8 +317,12 @@ def test_scale_up_never_past_the_room_of_its_place() -> None:
             ),
         ),
     )
-    assert result.held[0].subject == "b"
-    assert result.held[0].reason.endswith("but no room on kvm-home/nas1 for one more replica")
+    # a asked for 4 more: the 2 the room refuses are held, with the room named
+    assert [h.subject for h in result.held] == ["a", "b"]
+    assert result.held[0].reason.endswith(
+        "2 of them not now: room for 2 more on kvm-home/nas1 only"
+    )
+    assert result.held[1].reason.endswith("but no room on kvm-home/nas1 for one more replica")
 
 
 def test_unknown_room_is_no_room_and_no_place_is_no_limit() -> None:
