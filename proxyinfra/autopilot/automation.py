@@ -6,6 +6,8 @@ source of truth.
 - Config is read from ``Pulumi.<stack>.yaml`` as the other operator
   commands read it (proxyinfra/stackfile.py) and written with
   ``set_config(..., path=True)`` (what `pulumi config set --path` does).
+- That file gets the autopilot's edits and nothing of the backend's (no
+  ``encryptionsalt``: saltless.py), so `scripts/up` runs on them next.
 - The lock: on a file (DIY) backend the lock files under
   ``.pulumi/locks/`` name their holder (user@host, pid, since); on any
   backend an update that finds the stack locked fails fast with
@@ -25,6 +27,7 @@ from pulumi import automation as auto
 
 from proxyinfra.autopilot.changes import one_line
 from proxyinfra.autopilot.memory import backend_dir
+from proxyinfra.autopilot.saltless import fallback_env, keeping_saltless
 from proxyinfra.autopilot.seam import (
     Deployed,
     DeployedResource,
@@ -59,14 +62,15 @@ class AutomationStack:
         self.project_dir = project_dir
         # The workspace's environment, read at each command: a ticket's entry
         # is put in for the update it is for (proxyinfra/partial.py).
-        self._env: dict[str, str] = {}
+        self._env: dict[str, str] = fallback_env()
+        self._file = stack_file(project_dir, name)
         workspace = auto.LocalWorkspace(work_dir=str(project_dir), env_vars=self._env)
-        self._stack = auto.Stack.select(name, workspace)
+        self._stack = keeping_saltless(self._file, lambda: auto.Stack.select(name, workspace))
         self._project = workspace.project_settings().name
 
     def read(self) -> Deployed:
         raw = read_raw(stack_file(self.project_dir, self.name))
-        deployment = self._stack.export_stack().deployment or {}
+        deployment = keeping_saltless(self._file, self._stack.export_stack).deployment or {}
         resources = [
             DeployedResource(
                 urn=r["urn"],
@@ -81,9 +85,10 @@ class AutomationStack:
     def set_config(self, path: str, value: int | None) -> None:
         key = f"{NAMESPACE}:{path}"
         if value is None:
-            self._stack.remove_config(key, path=True)
+            keeping_saltless(self._file, lambda: self._stack.remove_config(key, path=True))
         else:
-            self._stack.set_config(key, auto.ConfigValue(value=str(value)), path=True)
+            config = auto.ConfigValue(value=str(value))
+            keeping_saltless(self._file, lambda: self._stack.set_config(key, config, path=True))
 
     def lock_holder(self) -> str | None:
         root = backend_dir()
@@ -108,7 +113,7 @@ class AutomationStack:
             with ticket(self.name, registers) as entry:
                 self._env.update(entry)
                 try:
-                    result = self._up(message, targets)
+                    result = keeping_saltless(self._file, lambda: self._up(message, targets))
                 finally:
                     for key in entry:
                         self._env.pop(key, None)
@@ -118,7 +123,9 @@ class AutomationStack:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
         summary = result.summary
-        number = summary.version or len(self._stack.history(show_secrets=False))
+        number = summary.version or len(
+            keeping_saltless(self._file, lambda: self._stack.history(show_secrets=False))
+        )
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))
 
