@@ -311,6 +311,8 @@ class Service:
             if not result.errors:
                 self.metrics.fleet_loads.labels("unchanged").inc()
             return
+        if self.gateway is not None:
+            self.gateway.fleet_changed(fleet)  # first, with no await between
         try:
             change = await self.book.apply_fleet(fleet)
         except StoreUnavailable:

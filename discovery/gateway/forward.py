@@ -108,7 +108,10 @@ async def _send(
 ) -> tuple[Upstream, Answer]:
     """The request on the connection kept to this proxy, or a new one (a kept
     connection the squid closed meanwhile is no failure: a new one is tried)."""
-    kept = conn.upstream if conn.upstream_proxy == hold.proxy else None
+    proxy = hold.lease.proxy
+    # The same record, not only the same name: a proxy that moved is not
+    # reached through a connection to its old address.
+    kept = conn.upstream if conn.upstream_proxy == proxy else None
     if kept is not None and not kept.closed:
         try:
             return kept, await kept.exchange(wire, head_only=head_only)
@@ -116,9 +119,8 @@ async def _send(
             if failure.kind not in ("closed", "reset"):
                 raise
     conn.drop_upstream()
-    proxy = hold.lease.proxy
     upstream = await Upstream.open(proxy.host, proxy.port)
-    conn.upstream, conn.upstream_proxy = upstream, hold.proxy
+    conn.upstream, conn.upstream_proxy = upstream, proxy
     assert upstream.transport is not None
     conn.paused_peer = upstream.transport
     return upstream, await upstream.exchange(wire, head_only=head_only)

@@ -14,6 +14,14 @@ A hold is in use while a request or tunnel runs through it. Held leases are
 renewed while in use or recently used, and released once idle for
 `idle_release` seconds. A holder may hold at most `holder_leases` leases.
 
+The fleet (`fleet_changed`, called by the service before its book switches):
+no new request or tunnel goes to a proxy the fleet no longer has. Its holds
+leave their session or site set at once (the next request gets another
+proxy; a tunnel already open through it may finish: the proxy is never
+granted to anyone again), a lease the book granted on it meanwhile is not
+used, and a proxy whose address or credentials changed is used at its new
+ones.
+
 Everything runs on the event loop; `clock` is wall-clock seconds, as the
 book's.
 """
@@ -24,12 +32,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from discovery.book.contract import Lease, LeaseBook, Outcome
 from discovery.book.errors import LeaseNotFound, NoProxyAvailable, StoreUnavailable
+from discovery.fleet import FleetProxy
 from discovery.gateway.identity import Identity
 from discovery.logs import event
 
@@ -83,6 +92,9 @@ class Holds:
         self._grow_at: dict[Key, float] = {}  # a full set asks the book again from then
         self._moved: set[Hold] = set()  # out of use for new work, still busy
         self._releasing: set[asyncio.Task[None]] = set()
+        # The fleet as the service last read it; None until it changes once
+        # (until then the book's fleet is the one the service started with).
+        self._fleet: Mapping[str, FleetProxy] | None = None
 
     # -- taking a proxy ------------------------------------------------------------------
 
@@ -101,9 +113,12 @@ class Holds:
         hold.last_used = self._clock()
         if hold.dropped and hold.in_use == 0:
             self._moved.discard(hold)
-            task = asyncio.get_running_loop().create_task(self._release(hold))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            self._release_soon(hold)
+
+    def _release_soon(self, hold: Hold) -> None:
+        task = asyncio.get_running_loop().create_task(self._release(hold))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def _session(self, identity: Identity, site: str) -> Hold:
         assert identity.session is not None
@@ -165,9 +180,7 @@ class Holds:
         held = self._per_holder.get(identity.holder, 0)
         if held >= self.holder_leases:
             raise HolderLimit(f"{identity.holder} holds {held} leases, the most a holder may")
-        lease = await self._book().grant(
-            identity.describe(), ttl=None, selector=identity.selector, host=site
-        )
+        lease = await self._granted(identity, site)
         self._per_holder[identity.holder] = self._per_holder.get(identity.holder, 0) + 1
         hold = Hold(lease, identity, key, self._clock(), clear_sites={site})
         if key[0] == "session":
@@ -176,6 +189,36 @@ class Holds:
             self.sets.setdefault(key, []).append(hold)
         event(log, logging.DEBUG, "gateway lease", proxy=hold.proxy, holder=identity.describe())
         return hold
+
+    async def _granted(self, identity: Identity, site: str) -> Lease:
+        """A lease from the book on a proxy of the gateway's fleet. The book may
+        still grant a proxy the service has just seen leave (its switch is
+        under way): such a lease is held aside, so that the book grants
+        another, and given back once one is had."""
+        aside: list[Lease] = []
+        try:
+            while True:
+                granted = await self._book().grant(
+                    identity.describe(), ttl=None, selector=identity.selector, host=site
+                )
+                lease = self._current(granted)
+                if lease is not None:
+                    return lease
+                aside.append(granted)
+        finally:
+            for lease in aside:
+                with contextlib.suppress(LeaseNotFound, StoreUnavailable):
+                    await self._book().release(lease.id)
+
+    def _current(self, lease: Lease) -> Lease | None:
+        """`lease` with its proxy as the gateway's fleet has it; None when the
+        proxy left it."""
+        if self._fleet is None:
+            return lease
+        proxy = self._fleet.get(lease.proxy.name)
+        if proxy is None:
+            return None
+        return lease if proxy == lease.proxy else replace(lease, proxy=proxy)
 
     async def _cooling(self, hold: Hold, site: str) -> bool:
         try:
@@ -205,6 +248,28 @@ class Holds:
         else:
             self._moved.add(hold)  # done() releases it
 
+    def fleet_changed(self, proxies: Mapping[str, FleetProxy]) -> list[Hold]:
+        """The service read a new fleet (by name): the holds of proxies it lacks
+        leave their session or site set now, their leases given back once
+        unused (their open tunnels may finish); those of proxies that moved
+        use the new address from the next request. Returns the holds moved.
+        Synchronous: nothing is sent between this and the next request's
+        choice of a proxy."""
+        self._fleet = proxies
+        left = []
+        for hold in self.every():
+            current = self._current(hold.lease)
+            if current is None:
+                left.append(hold)
+                self._detach(hold)
+                if hold.in_use == 0:
+                    self._release_soon(hold)
+                else:
+                    self._moved.add(hold)  # done() releases it
+            else:
+                hold.lease = current
+        return left
+
     def session(self, holder: str, session: str) -> list[Hold]:
         return [h for key, h in self.sessions.items() if key[1:3] == (holder, session)]
 
@@ -224,11 +289,14 @@ class Holds:
             lease = hold.lease
             if lease.expires_at - now < lease.ttl / 2:
                 try:
-                    hold.lease = await self._book().renew(lease.id, ttl=None)
+                    renewed = self._current(await self._book().renew(lease.id, ttl=None))
                 except LeaseNotFound:
                     self._forget(hold)
                 except StoreUnavailable:
                     pass  # tried again at the next tick
+                else:
+                    if renewed is not None and not hold.dropped:
+                        hold.lease = renewed
         for key in [k for k, v in self.sets.items() if not v]:
             del self.sets[key]
         for key in [k for k, at in self._grow_at.items() if at <= now or k not in self.sets]:
@@ -243,8 +311,9 @@ class Holds:
             await self._book().release(hold.lease.id)
 
     def _forget(self, hold: Hold) -> None:
-        """The lease ended without us (expired, or its proxy left the fleet):
-        its tunnels close, so the proxy serves no one else's lease meanwhile."""
+        """The lease ended without the gateway knowing why (it expired while the
+        store failed, or another replica saw its proxy leave first): its
+        tunnels close, as the proxy may be granted to someone else."""
         self._detach(hold)
         if not hold.released:
             hold.released = True

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from discovery.book.contract import LeaseBook, Outcome
 from discovery.brake import Brake
+from discovery.fleet import Fleet
 from discovery.gateway.bans import BanPolicy
 from discovery.gateway.holds import Holds
 from discovery.gateway.identity import Admission
@@ -108,6 +109,22 @@ class Gateway:
                         tunnel.close()
             except Exception:
                 log.exception("gateway upkeep failed; trying again")
+
+    def fleet_changed(self, fleet: Fleet) -> None:
+        """The service read a new fleet and is about to switch its book to it
+        (called before, with no await between, so that no request goes to a
+        departed proxy once the book has ended its leases): sessions and site
+        sets leave the proxies it lacks (Holds.fleet_changed)."""
+        left = self.holds.fleet_changed(fleet.proxies)
+        if left:
+            event(
+                log,
+                logging.INFO,
+                "gateway leaves departed proxies",
+                proxies=sorted({hold.proxy for hold in left}),
+                holds=len(left),
+                tunnels=sum(len(hold.closers) for hold in left),
+            )
 
     async def report(self, holder: str, session: str, outcome: Outcome, site: str | None) -> bool:
         """A report on a session's proxy through the API (tunnels the gateway

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from discovery.connections import MAX_HEAD_BYTES, REQUEST_TIMEOUT
+from discovery.fleet import FleetProxy
 from discovery.gateway.identity import Identity, Refusal
 from discovery.gateway.upstream import Upstream
 from discovery.gateway.wire import RequestHead, answer
@@ -48,7 +49,7 @@ class ClientConnection(asyncio.Protocol):
         self._refused = False
         self.gone = False
         self.upstream: Upstream | None = None  # kept alive between plain requests
-        self.upstream_proxy: str | None = None
+        self.upstream_proxy: FleetProxy | None = None  # what `upstream` is connected to
         self.paused_peer: asyncio.Transport | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
