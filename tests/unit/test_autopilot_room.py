@@ -6,11 +6,14 @@ for a host that cannot be reached)."""
 
 from __future__ import annotations
 
+import io
+import json
 import socket
 import subprocess
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +23,15 @@ from providers.kvm.connection import connect, use_connector
 from providers.kvm.simulated import SimulatedHost
 from proxyinfra.autopilot.changes import PlannerState
 from proxyinfra.autopilot.fleet import FleetGroup, Room, groups_of_stack
+from proxyinfra.autopilot.log import DecisionLog
+from proxyinfra.autopilot.memory import MemoryFiles
 from proxyinfra.autopilot.plan import plan
 from proxyinfra.autopilot.policy import AutopilotPolicy
 from proxyinfra.autopilot.room import ROOM_RULE, BackendRoom, room_from
+from proxyinfra.autopilot.run import Autopilot, Options
+from proxyinfra.autopilot.seam import Deployed, Updated
 from proxyinfra.autopilot.signals import GroupSignal, Signals
+from proxyinfra.autopilot.status import Status
 from proxyinfra.backend import Place, RoomUnknown
 from proxyinfra.config import StackConfig
 from proxyinfra.validation import validate
@@ -140,13 +148,19 @@ def test_a_kvm_hosts_room_is_what_its_creates_check(tmp_path: Path) -> None:
     assert read.held == ()
 
 
-@pytest.mark.usefixtures("started")
-def test_a_host_that_cannot_be_reached_has_no_room_and_is_named(tmp_path: Path) -> None:
+def _closed_port(tmp_path: Path) -> tuple[Path, int]:
+    """A usable SSH key, and a port on this machine nothing listens on: a
+    host that refuses the connection, reached the way the provider reaches one."""
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    with socket.socket() as probe:  # a port nothing listens on
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return key, probe.getsockname()[1]
+
+
+@pytest.mark.usefixtures("started")
+def test_a_host_that_cannot_be_reached_has_no_room_and_is_named(tmp_path: Path) -> None:
+    key, port = _closed_port(tmp_path)
     config = _config(tmp_path, f"127.0.0.1:{port}", key)
     with use_connector(connect):
         read = BackendRoom().read(config, _groups(config), {"small"})
@@ -160,3 +174,81 @@ def test_a_host_that_cannot_be_reached_has_no_room_and_is_named(tmp_path: Path) 
     result = plan(policy, read.groups, busy, read.room, PlannerState(), NOW)
     assert result.changes == ()
     assert result.held[0].reason.endswith("but no room on home/nas1 for one more replica")
+
+
+class _Stack:
+    """The stack seam as far as a dry run reads it: its config, no resource."""
+
+    name = "sim"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = config
+
+    def read(self) -> Deployed:
+        return Deployed(self.config, [])
+
+    def lock_holder(self) -> str | None:
+        raise AssertionError("a dry run takes no lock")
+
+    def set_config(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a dry run writes no config")
+
+    def update(self, *args: Any, **kwargs: Any) -> Updated:
+        raise AssertionError("a dry run runs no update")
+
+
+class _Signals:
+    def __init__(self, answer: Mapping[str, Any]) -> None:
+        self.answer = answer
+
+    def fetch(self, window_seconds: int) -> Mapping[str, Any]:
+        return self.answer
+
+
+class _Clock:
+    def now(self) -> datetime:
+        return NOW
+
+    def monotonic(self) -> float:
+        return 0.0
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError("a dry run waits for nothing")
+
+
+@pytest.mark.usefixtures("started")
+def test_a_round_logs_the_unreadable_host_and_scales_nothing_there(tmp_path: Path) -> None:
+    key, port = _closed_port(tmp_path)
+    _, known = key_files(tmp_path)
+    provider = kvm_provider(key, known, hosts=[host("nas1", f"127.0.0.1:{port}")])
+    raw = stack_config([provider], [proxy("small", "home", where=placement())])
+    raw["autopilot"] = {"scale": {"groups": {"small": {"min": 1, "max": 5}}}}
+    busy = {
+        "now": NOW.isoformat(),
+        "windowSeconds": 600,
+        "proxies": [],
+        "groups": [{"name": "small", "refused": 50, "leased": 1}],
+    }
+    out = io.StringIO()
+    clock = _Clock()
+    pilot = Autopilot(
+        _Stack(raw),
+        _Signals(busy),
+        clock,
+        DecisionLog("sim", clock.now, out),
+        MemoryFiles(tmp_path / "state" / "sim.json"),
+        Status("sim"),
+        Options(project="egress-proxies", project_dir=tmp_path, dry_run=True),
+        room=BackendRoom(),
+    )
+    with use_connector(connect):
+        assert pilot.round() == "dry-run"
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(d["event"], d.get("subject"), d.get("rule")) for d in lines] == [
+        ("held", "home/nas1", ROOM_RULE),  # the host, and why
+        ("held", "small", "demand"),  # the scale-up it holds
+        ("round", None, None),
+    ]
+    assert f"host 'nas1' (virt@127.0.0.1:{port}, provider 'home')" in lines[0]["message"]
+    assert lines[1]["message"].endswith("but no room on home/nas1 for one more replica")
+    assert lines[2]["changes"] == 0 and lines[2]["held"] == 2
