@@ -64,7 +64,8 @@ class AutomationStack:
         # is put in for the update it is for (proxyinfra/partial.py).
         self._env: dict[str, str] = fallback_env()
         self._file = stack_file(project_dir, name)
-        workspace = auto.LocalWorkspace(work_dir=str(project_dir), env_vars=self._env)
+        workspace = auto.LocalWorkspace(work_dir=str(project_dir))
+        workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
         self._stack = keeping_saltless(self._file, lambda: auto.Stack.select(name, workspace))
         self._project = workspace.project_settings().name
 

@@ -267,7 +267,16 @@ def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> Non
     assert sorted(fleet) == ["edge-0", "home-0-g2", "home-1"]
     assert fleet["home-0-g2"]["id"] != old["home-0"]["id"]
     assert fleet["home-1"] == old["home-1"]  # untouched
+    assert fleet["edge-0"] == old["edge-0"]  # passwords too, from the previous output
     assert world.mac("home-0-g2") != old_mac
+    assert change["resources"].get("create") == 4 and change["resources"].get("delete") == 4
+    # O(change): a partial run (proxyinfra/partial.py), which registers only the
+    # replica that comes (tests/program/test_partial.py), read the stack's own
+    # outputs for the others' entries; a whole run reads no stack.
+    types = [r["type"] for r in world.stack.resources()]
+    assert types.count("pulumi:pulumi:StackReference") == 1, types
+    # ...and an operator's whole run after it finds nothing to do.
+    world.stack.ok("preview", "--expect-no-changes")
     [last] = world.history()[:1]
     assert last["message"] == change["message"]
     assert last["message"].startswith(
@@ -275,6 +284,29 @@ def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> Non
     )
     # A file backend numbers no update: the autopilot gives its ordinal in the history.
     assert change["update"] == len(world.history()) == 2
+
+
+@pytest.mark.step
+def test_a_partial_run_outside_the_autopilot_is_refused_and_changes_nothing(world: World) -> None:
+    """$EGRESS_PROXIES_PARTIAL left in a shell names a ticket that is gone:
+    the program refuses, rather than registering nothing and letting an
+    untargeted update delete every proxy."""
+    before = world.stack.export()
+    stale = world.stack.directory / "gone" / "ticket.json"
+    kept = world.stack.extra_env
+    world.stack.extra_env = {**kept, "EGRESS_PROXIES_PARTIAL": str(stale)}
+    try:
+        done = world.stack.run("up", "--yes", "--skip-preview")
+    finally:
+        world.stack.extra_env = kept
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert f"$EGRESS_PROXIES_PARTIAL: names '{stale}', which does not exist" in text, text
+    assert "Traceback" not in text
+    after = world.stack.export()
+    assert [r["urn"] for r in after["deployment"]["resources"]] == [
+        r["urn"] for r in before["deployment"]["resources"]
+    ]
 
 
 @pytest.mark.step
