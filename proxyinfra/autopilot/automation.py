@@ -9,7 +9,8 @@ source of truth.
 - That file gets the autopilot's edits and nothing of the backend's (no
   ``encryptionsalt``: saltless.py), so `scripts/up` runs on them next.
 - The lock: on a file (DIY) backend the lock files under
-  ``.pulumi/locks/`` name their holder (user@host, pid, since); on any
+  ``.pulumi/locks/`` name their holder (user@host, pid, since), and a dead
+  one on this host is named stale with its remedy (locks.py); on any
   backend an update that finds the stack locked fails fast with
   ConcurrentUpdateError, turned into StackBusy with the holder the engine's
   message names.
@@ -17,7 +18,6 @@ source of truth.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -26,6 +26,7 @@ from pathlib import Path
 from pulumi import automation as auto
 
 from proxyinfra.autopilot.changes import one_line
+from proxyinfra.autopilot.locks import lock_holder
 from proxyinfra.autopilot.memory import backend_dir
 from proxyinfra.autopilot.saltless import fallback_env, keeping_saltless
 from proxyinfra.autopilot.seam import (
@@ -95,17 +96,7 @@ class AutomationStack:
         root = backend_dir()
         if root is None:
             return None
-        locks = root / ".pulumi" / "locks"
-        for lock in sorted(locks.glob(f"**/{self._project}/{self.name}/*.json")):
-            try:
-                content = json.loads(lock.read_text())
-            except (OSError, ValueError):
-                return ""  # a lock being written, or gone: held by someone unnamed
-            return (
-                f"{content.get('username')}@{content.get('hostname')} "
-                f"(pid {content.get('pid')}) since {content.get('timestamp')}"
-            )
-        return None
+        return lock_holder(root, self._project, self.name)
 
     def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
         if not targets:
@@ -119,7 +110,8 @@ class AutomationStack:
                     for key in entry:
                         self._env.pop(key, None)
         except auto.ConcurrentUpdateError as error:
-            raise StackBusy(_holder_of(str(error))) from None
+            # The lock file says more than the engine's message (a dead holder).
+            raise StackBusy(self.lock_holder() or _holder_of(str(error))) from None
         except auto.CommandError as error:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
