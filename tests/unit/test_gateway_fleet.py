@@ -1,6 +1,6 @@
 """The gateway's holds when the fleet changes (Holds.fleet_changed, called by
 the service before its book switches), rule by rule over the fake book of
-test_gateway_holds.py, which plays a book that has not switched yet: it
+tests/support/gateway_book.py, which plays a book that has not switched yet: it
 still grants and renews the departed proxies. The same through the real
 service and squids: tests/integration/test_gateway_fleet_change.py."""
 
@@ -15,7 +15,7 @@ from discovery.book.errors import NoProxyAvailable
 from discovery.fleet import FleetProxy
 from discovery.gateway.holds import Holds
 from discovery.gateway.identity import Identity
-from tests.unit.test_gateway_holds import FakeBook, run
+from tests.support.gateway_book import FakeBook, run
 
 
 def fleet(*names: str) -> dict[str, FleetProxy]:
