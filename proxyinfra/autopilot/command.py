@@ -138,7 +138,7 @@ def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: 
                 log.write("round", result="error", error=str(error))
                 print(f"autopilot: {error}", file=sys.stderr)
                 return 1
-            return 1 if set(pilot.results) & {"failed", "lock-timeout"} else 0
+            return 1 if set(pilot.results) & {"failed", "lock-timeout", "stale-lock"} else 0
         signal.signal(signal.SIGTERM, lambda *_: pilot.stop())
         pilot.run(args.interval)
         return 0

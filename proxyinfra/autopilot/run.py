@@ -36,6 +36,7 @@ from typing import Any
 from proxyinfra.autopilot.changes import Change, GroupMemory, Plan, PlannerState, Recycle, Scale
 from proxyinfra.autopilot.feed import SignalsSource, signals_from_answer
 from proxyinfra.autopilot.fleet import FleetGroup, Room
+from proxyinfra.autopilot.locks import StaleHolder
 from proxyinfra.autopilot.log import DecisionLog
 from proxyinfra.autopilot.memory import Memory, MemoryFiles
 from proxyinfra.autopilot.plan import plan
@@ -253,6 +254,7 @@ class Autopilot:
         deadline = self.clock.monotonic() + opts.lock_timeout
         delay = opts.lock_poll
         seen: object = _NOBODY
+        stale: str | None = None  # shown by the status until the next look
         try:
             while True:
                 holder = self.stack.lock_holder()
@@ -281,9 +283,17 @@ class Autopilot:
                     self.log.write(
                         "wait",
                         holder=holder or "unknown",
-                        reason="another operation holds the stack's lock; waiting, never cancelling it",
+                        reason=(
+                            "its holder is dead: the change is given up, the lock left to the operator"
+                            if isinstance(holder, StaleHolder)
+                            else "another operation holds the stack's lock; waiting, never cancelling it"
+                        ),
                         message=change.message,
                     )
+                if isinstance(holder, StaleHolder):
+                    # A dead holder never frees its lock: no wait for it.
+                    stale = holder
+                    return _Outcome("stale-lock", error=holder)
                 if self.clock.monotonic() >= deadline:
                     return _Outcome(
                         "lock-timeout",
@@ -292,7 +302,7 @@ class Autopilot:
                 self.clock.sleep(delay)
                 delay = min(delay * 2, opts.lock_poll_max)
         finally:
-            self.status.set(waitingFor=None)
+            self.status.set(waitingFor=stale)
             self.status.waiting.set(0)
 
     # -- the loop ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Metrics (registry of this process):
   (``planned``, ``paused``, ``dry-run``, ``error``).
 - ``egress_autopilot_changes_total{kind,result}``: changes (``recycle``,
   ``scale``) by result (``applied``, ``failed``, ``held``, ``capped``,
-  ``dry-run``, ``paused``, ``lock-timeout``).
+  ``dry-run``, ``paused``, ``lock-timeout``, ``stale-lock``).
 - ``egress_autopilot_update_failures_total``: failed Pulumi updates.
 - ``egress_autopilot_paused``: 1 while paused.
 - ``egress_autopilot_capped_changes``: changes held now by the retry cap.

@@ -112,7 +112,7 @@ def test_a_killed_runs_lock_is_named_stale_with_a_remedy_that_works(
         remedy = f"pulumi cancel --stack {STACK} --yes"
         assert f"`{remedy}`" in wait["holder"]
         [change] = lines(done, "change")
-        assert change["result"] != "applied" and done.returncode == 1
+        assert change["result"] == "stale-lock" and done.returncode == 1
         # Nothing removed, nothing updated, the config as it was.
         assert len(locks(stack)) == 1
         assert stack.ok("stack", "history", "--json").stdout == history

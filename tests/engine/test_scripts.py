@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.checkout import fresh_clone, git, run_up, user_env
 from tests.support.discovery import all_healthy, free_port, wait_for
 from tests.support.pulumi_cli import PULUMI
 from tests.support.squid import RunningSquid, loopback_settings, start_squid
@@ -60,22 +59,6 @@ def dev_stack_left_as_found() -> Iterator[None]:
     if not existed:
         remove_stack("dev")
     assert (ROOT / "Pulumi.dev.yaml").read_bytes() == tracked
-
-
-def user_env(**extra: str) -> dict[str, str]:
-    """The user's environment, without a PULUMI_* setting of the developer's own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
-    return {**env, **extra}
-
-
-def run_up(*args: str, root: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(root / "scripts" / "up"), *args],
-        env=user_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=1800,  # a proxy image build from nothing
-    )
 
 
 def image_server_gone() -> None:
@@ -161,66 +144,6 @@ def test_up_stops_before_pulumi_when_the_image_port_is_taken(testbed: Testbed) -
 
 
 # ---- a fresh clone ------------------------------------------------------------
-
-
-def git(clone: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(clone), *args], capture_output=True, text=True, timeout=60, check=True
-    )
-    return done.stdout
-
-
-def fresh_clone(where: Path) -> Path:
-    """The checkout's files as they are now (tracked and new ones, not what git
-    ignores) committed in a repository of their own, with a .venv of its own
-    that sees this checkout's packages (bootstrap's stamp says they match, so it
-    installs nothing) and this checkout's testbed (.testbed/env; git ignores .testbed/)."""
-    clone = where / "clone"
-    listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (clone / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, clone / name)
-    git(clone.parent, "init", "-q", str(clone))
-    git(clone, "add", "-A")
-    author = ["-c", "user.name=test", "-c", "user.email=test@example.invalid"]
-    git(clone, *author, "commit", "-q", "-m", "the checkout as it is")
-    venv = clone / ".venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    ours = subprocess.run(
-        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(site, "checkout-packages.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
-    subprocess.run(
-        "sha256sum requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1 >.venv/.lock-sha256",
-        shell=True,
-        cwd=clone,
-        check=True,
-    )
-    (venv / "bin" / "pulumi").symlink_to(PULUMI.resolve())
-    (clone / ".testbed").mkdir()
-    (clone / ".testbed" / "env").symlink_to(ROOT / ".testbed" / "env")
-    return clone
 
 
 PASSWORD = "clone-pw-" + "5e77e5a1b2c3"

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from providers.kvm.simulated import SIMULATED_HOSTS_ENV
-from tests.engine.test_scripts import fresh_clone, git, run_up, user_env
 from tests.support.baseimages import random_qcow2, serve
+from tests.support.checkout import fresh_clone, git, run_up, user_env
 from tests.support.discovery import ServerThread, settings_for
 from tests.support.http import FileServer
 from tests.support.stack_config import (

@@ -23,7 +23,7 @@ from proxyinfra.autopilot.locks import (
     remedy_for,
 )
 from proxyinfra.autopilot.status import Status
-from tests.unit.test_autopilot_round import RECYCLE, World, answer
+from tests.support.autopilot_round import RECYCLE, World, answer
 
 PROJECT = "egress-proxies"
 HOST = "buildhost"
@@ -174,4 +174,25 @@ def test_the_round_says_at_once_that_the_lock_is_stale_and_names_the_remedy(
     assert wait["holder"] == stale and "pulumi cancel --stack sim --yes" in wait["holder"]
     assert stale in world.status.waiting_for
     # Never removed, never cancelled: no edit, no update.
+    assert world.stack.edits == [] and world.stack.updates == []
+
+
+def test_the_round_gives_a_stale_lock_s_change_up_at_once(tmp_path: Path) -> None:
+    """A dead holder never frees its lock: no wait (no sleep at all) for the
+    hour of --lock-timeout; nothing edited, nothing updated; the status keeps
+    naming the lock after the round."""
+    world = World(tmp_path, RECYCLE, {"home": 2})
+    world.clock.advance(timedelta(hours=1))
+    world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3})
+    stale = StaleHolder(
+        "ops@buildhost (pid 4242) since T: a stale lock (...)", "pulumi cancel --stack sim --yes"
+    )
+    world.stack.lock_holder = lambda: stale  # type: ignore[method-assign]
+    world.pilot(lock_timeout=3600).round()
+    assert world.clock.slept == []
+    [change] = world.lines("change")
+    assert change["result"] == "stale-lock" and change["error"] == stale
+    [wait] = world.lines("wait")
+    assert "given up" in wait["reason"]
+    assert world.status.document()["waitingFor"] == stale
     assert world.stack.edits == [] and world.stack.updates == []
