@@ -17,21 +17,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import yaml
 
-from providers.kvm.simulated import SimulatedHost
-from proxyinfra.names import proxy_id
-from tests.support import ROOT
+from tests.support.autopilot_cli import World, decisions
 from tests.support.baseimages import random_qcow2, serve
 from tests.support.discovery import ServerThread, settings_for, wait_for
 from tests.support.http import FileServer
@@ -51,87 +44,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 TOKEN = "autopilot-test-token"
 STACK = "auto"
 WINDOW_S = 30
-
-
-@dataclass
-class World:
-    stack: CliStack
-    hosts: Path
-    fleet: Path
-    service: ServerThread
-    state: Path  # the autopilot's round state file
-
-    def autopilot(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.argv(*args),
-            cwd=ROOT,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            self.argv(*args),
-            cwd=ROOT,
-            env=self.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def argv(self, *args: str) -> list[str]:
-        command = [sys.executable, "-m", "proxyinfra", "--project-dir", str(self.stack.directory)]
-        command += ["autopilot", *args, "--stack", STACK]
-        if args[:1] not in (("pause",), ("resume",)):
-            command += ["--discovery", self.service.url]
-        return command
-
-    def env(self) -> dict[str, str]:
-        return self.stack.env() | {"DISCOVERY_TOKEN": TOKEN}
-
-    def publish(self) -> dict[str, Any]:
-        """The stack's output as the service reads it; waits until it serves it."""
-        outputs = json.loads(self.stack.ok("stack", "output", "--json", "--show-secrets").stdout)
-        tmp = self.fleet.with_suffix(".tmp")
-        tmp.write_text(json.dumps(outputs))
-        os.replace(tmp, self.fleet)
-        names = {p["name"] for p in outputs["fleet"]["proxies"]}
-        with self.http() as http:
-            wait_for(lambda: set(_names(http)) == names, what="the service to serve the fleet")
-        return outputs["fleet"]  # type: ignore[no-any-return]
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-        )
-
-    def history(self) -> list[dict[str, Any]]:
-        return json.loads(self.stack.ok("stack", "history", "--json").stdout)  # type: ignore[no-any-return]
-
-    def config(self) -> dict[str, Any]:
-        document = yaml.safe_load(self.stack.stack_file.read_text())
-        return {k.split(":", 1)[1]: v for k, v in document["config"].items()}
-
-    def mac(self, name: str) -> str:
-        host_ = SimulatedHost(self.hosts / "home--nas1", pool="default", network="n")
-        try:
-            xml = host_.raw.lookupByName(proxy_id(PROJECT, STACK, name)).XMLDesc(0)
-        finally:
-            host_.close()
-        mac: str = xml.split("<mac address='", 1)[1].split("'", 1)[0]
-        return mac
-
-
-def _names(http: httpx.Client) -> list[str]:
-    answer = http.get("/v1/proxies")
-    answer.raise_for_status()
-    return [p["name"] for p in answer.json()["proxies"]]
-
-
-def decisions(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 POLICY: dict[str, Any] = {
@@ -170,7 +82,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         fleet.write_text(json.dumps(outputs))
         with ServerThread(settings) as service:
             state = where / "stack" / "state" / "autopilot" / PROJECT / f"{STACK}.json"
-            yield World(stack, where / "hosts", fleet, service, state)
+            yield World(stack, where / "hosts", fleet, service, state, STACK, TOKEN)
         stack.run("destroy", "--yes", "--skip-preview")
 
 
