@@ -7,10 +7,21 @@ service runs on the exported manifest, its health engine CONNECTs through both
 VMs; a crawler with `egress_proxies_client` leases one, fetches an HTTPS page
 through it (the page server sees the VM's address), reports it blocked and
 releases it; an immediate grant for that target is refused (409) while the
-other VM is still leased; the stack is destroyed and the host holds no domain,
-overlay or seed of it, only the cached base image.
+other VM is still leased; curl fetches the page through the service's gateway.
 
-Prints the time of each stage (run with -s to see them as they happen).
+Then, on the same stack, one real recycle by the autopilot: three sites report
+the other VM blocked, `python -m proxyinfra autopilot --once` replaces it; its
+new generation takes another DHCP lease (a new MAC), squid there admits the
+manifest's new credentials only, the old domain and volumes and the old name
+and address leave host, manifest and service (which reads the stack itself,
+`--stack`, every few seconds), and the service reports the new proxy healthy
+(docs/autopilot.md, "Recycle to healthy on the testbed").
+
+Last, the stack is destroyed and the host holds no domain, overlay or seed of
+it, only the cached base image.
+
+Prints the time of each stage, and of each part of the recycle (run with -s to
+see them as they happen); none is asserted.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import subprocess
 import time
 import uuid
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +52,25 @@ from tests.support.proxyvm import (
     destroy_and_clean,
     guest_diagnostics,
     guest_run,
+    leftovers,
     pool_volumes,
     proxy_vm_provider,
     self_signed,
     wait_for_squid,
 )
-from tests.support.pulumi_cli import CliStack
+from tests.support.pulumi_cli import PROJECT, CliStack
+from tests.support.recycle import (
+    HEALTHY,
+    STARTED,
+    Timeline,
+    Watched,
+    mac_of,
+    older_than,
+    report_blocked,
+    start_autopilot,
+    ts,
+    watch,
+)
 from tests.support.squid import connect_status
 from tests.support.stack_config import placement, proxy, squid, stack_config
 from tests.support.testbed import Testbed
@@ -57,12 +82,20 @@ USERNAME = "crawler"
 TOKEN = "e2e-discovery-token-" + "5d1c0ffee" * 3
 HEALTHY_TIMEOUT = 300.0  # from the addresses to both proxies healthy (cloud-init under TCG)
 ELSEWHERE = "https://elsewhere.example/"
+WINDOW_S = 30
+SITES = ("site-1.example", "site-2.example", "site-3.example")
+POLICY = {
+    "recycle": {"bannedSites": len(SITES), "window": f"{WINDOW_S}s", "healthyFloor": 1},
+    "maxChangesPerRound": 1,
+}
+# The service's `pulumi stack output` period (default 60): it sees the recycle's manifest soon.
+STACK_REFRESH_S = 10
 
 
 def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
     provider = proxy_vm_provider(testbed, image_url, sha256)
     edge = proxy("edge", provider["name"], replicas=len(NAMES), where=placement("small", "proxy"))
-    return stack_config(
+    config = stack_config(
         [provider],
         [edge],
         squid(
@@ -73,15 +106,22 @@ def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any
             username=USERNAME,
         ),
     )
+    config["autopilot"] = POLICY
+    return config
 
 
-def discovery(tmp_path: Path, fleet: Path, probe_target: str, gateway: int) -> ServiceProcess:
-    args = ["--fleet", str(fleet), "--db", str(tmp_path / "leases.db")]
+def discovery(tmp_path: Path, stack: CliStack, probe_target: str, gateway: int) -> ServiceProcess:
+    """The service on STACK's output (`--stack`: it runs `pulumi stack output`
+    itself, in the project), as an operator runs it, probing every 2 s."""
+    args = ["--stack", stack.stack, "--db", str(tmp_path / "leases.db")]
     args += ["--gateway", f"127.0.0.1:{gateway}", "--gateway-idle", "1"]
     args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-target", probe_target]
     args += ["--probe-interval", "2", "--lease-cooldown", "600", "--max-lease-ttl", "120"]
     env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "info"}
-    return ServiceProcess(args, log_path=tmp_path / "discovery.log", env=env)
+    env |= {"DISCOVERY_STACK_REFRESH_SECONDS": str(STACK_REFRESH_S)}
+    return ServiceProcess(
+        args, log_path=tmp_path / "discovery.log", env=stack.env() | env, cwd=stack.directory
+    )
 
 
 def both_healthy(client: httpx.Client) -> bool:
@@ -91,8 +131,8 @@ def both_healthy(client: httpx.Client) -> bool:
     )
 
 
-# A hang guard: an image build from nothing takes about 4 min, the rest about 5 (TCG).
-@pytest.mark.timeout(1800)
+# A hang guard: an image build from nothing takes about 4 min, the rest about 7 (TCG).
+@pytest.mark.timeout(2400)
 def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     testbed: Testbed, testbed_conn: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,7 +144,9 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
         stages.show(image.log)
 
     stack_name = f"e2e{uuid.uuid4().hex[:6]}"
-    ids = [proxy_id("egress-proxies", stack_name, proxy) for proxy in NAMES]
+    ids = [proxy_id(PROJECT, stack_name, proxy) for proxy in NAMES]
+    # The recycle's new generation (of either replica): the destroy's leftovers check.
+    all_ids = ids + [proxy_id(PROJECT, stack_name, f"{proxy}-g2") for proxy in NAMES]
     files = FileServer()
     digest = image.path.with_name(image.path.name + ".sha256").read_text().split()[0]
     config = fleet_config(testbed, files.add("/debian-proxy.qcow2", file=image.path), digest)
@@ -119,6 +161,7 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     tls = self_signed(str(testbed.gateway), tmp_path)
     crawler_tls = ssl.create_default_context(cafile=str(tls[0]))
     service: ServiceProcess | None = None
+    timeline = Timeline()
     try:
         with files, PageServer(str(testbed.gateway), tls=tls) as page, ExitStack() as closing:
             # -- pulumi up ------------------------------------------------------------------
@@ -148,13 +191,9 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                 assert entry["id"] == pid and entry["type"] == "kvm"
                 assert entry["host"] == booted[pid][0], "the exported address is the VM's"
                 assert entry["auth"]["username"] == USERNAME and entry["auth"]["password"]
-            # As `pulumi stack output --json --show-secrets` writes it.
-            fleet_file = tmp_path / "stack-output.json"
-            fleet_file.write_text(json.dumps({"fleet": fleet}))
-
             # -- the discovery service and its health engine -------------------------------
             gateway_port = free_port()
-            service = discovery(tmp_path, fleet_file, page.target, gateway_port).start()
+            service = discovery(tmp_path, stack, page.target, gateway_port).start()
             client = closing.enter_context(
                 httpx.Client(
                     base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
@@ -254,15 +293,118 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
                 timeout=10,
                 interval=0.2,
             )
+
+            # -- one recycle by the autopilot, of the VM nobody reported ------------------
+            recycle(
+                Recycling(stack, conn, testbed, service.url, client, page, tmp_path),
+                by_name[second.name],
+                by_name[first.name],
+                provider_log,
+                timeline,
+            )
+            marks = timeline.marks
+            stages.add(
+                "recycle: autopilot start to new proxy healthy", marks[HEALTHY] - marks[STARTED]
+            )
             assert service.terminate() == 0
             service = None
     finally:
         if service is not None:
             service.stop()
-        destroyed, left = destroy_and_clean(stack, conn, testbed, ids, stages)
+        destroyed, left = destroy_and_clean(stack, conn, testbed, all_ids, stages)
+        if timeline.marks:
+            stages.show(f"\nrecycle, stack {stack_name}:\n{timeline.table(STARTED)}")
         stages.show(f"\nend to end, stack {stack_name}: stages\n{stages.table()}")
 
     assert not destroyed, destroyed
     assert left == [], "the destroy left these behind (removed now)"
     base = base_volume("", digest, "qcow2")
     assert base in pool_volumes(conn, testbed), "the cached base image should stay"
+
+
+@dataclass(frozen=True)
+class Recycling:
+    """What the recycle runs on: the stack that is up, the host, the service
+    reading it (its URL and a client with its token), the page server."""
+
+    stack: CliStack
+    conn: Any
+    testbed: Testbed
+    service_url: str
+    client: httpx.Client
+    page: PageServer
+    directory: Path
+
+
+def recycle(
+    on: Recycling,
+    old: dict[str, Any],
+    kept: dict[str, Any],
+    provider_log: Path,
+    timeline: Timeline,
+) -> None:
+    """Three sites report proxy OLD (a manifest entry) blocked; one round of
+    the autopilot replaces it by its next generation, and the facts of
+    docs/autopilot.md's "Recycle to healthy on the testbed" hold. KEPT, the
+    group's other proxy, stays as it was."""
+    stack, conn, http, page = on.stack, on.conn, on.client, on.page
+    new_name = f"{old['name']}-g2"
+    new_id = proxy_id(PROJECT, stack.stack, new_name)
+    old_mac = mac_of(conn, old["id"])
+    older_than(stack, old["name"], WINDOW_S)
+    report_blocked(http, old["name"], SITES)
+
+    timeline.mark(STARTED)
+    with ExitStack() as closing:
+        pilot, decisions, out = start_autopilot(stack, on.service_url, TOKEN, on.directory, closing)
+        watched = Watched(old["id"], new_id, new_name, old["port"], page.target)
+        new_ip = watch(pilot, provider_log, watched, http, conn, timeline)
+        assert pilot.wait(timeout=600) == 0, out.read_text()[-4000:]
+
+    # -- the decision, as the log wrote it -----------------------------------------------
+    lines = [json.loads(line) for line in decisions.read_text().splitlines()]
+    [change] = [d for d in lines if d["event"] == "change"]
+    assert change["result"] == "applied", change
+    assert (change["kind"], change["rule"]) == ("recycle", "bannedSites")
+    assert change["proxies"] == [old["name"], new_name]
+    assert change["signal"]["blockedSites"] == len(SITES)
+    update_start = ts(change["updateStart"])
+    timeline.mark("Pulumi update started (updateStart)", update_start)
+    timeline.mark(
+        "Pulumi update ended (autopilot: updateStart + duration)",
+        update_start + change["duration"],
+    )
+    timeline.mark("decision logged (change line)", ts(change["ts"]))
+    [round_] = [d for d in lines if d["event"] == "round"]
+    timeline.mark("round logged, autopilot exits", ts(round_["ts"]))
+
+    # -- a new address from DHCP, squid on it with the manifest's credentials -----------
+    by_name = {p["name"]: p for p in stack.output("fleet")["proxies"]}
+    new = by_name[new_name]
+    assert (new["id"], new["host"]) == (new_id, new_ip)
+    assert new_ip != old["host"], "the replacement must have a new address"
+    new_mac = mac_of(conn, new_id)
+    assert new_mac != old_mac
+    leases = conn.networkLookupByName(on.testbed.network).DHCPLeases()
+    assert {"ipaddr": new_ip, "mac": new_mac} in [
+        {"ipaddr": lease["ipaddr"], "mac": lease["mac"]} for lease in leases
+    ], "the new address is the testbed DHCP server's lease for the new MAC"
+    password = new["auth"]["password"]
+    assert new["auth"]["username"] == USERNAME and password != old["auth"]["password"]
+    assert connect_status(new_ip, new["port"], page.target, (USERNAME, password)) == 200
+    assert page.saw(new_ip), "the CONNECT went through the new VM to the target"
+    assert connect_status(new_ip, new["port"], page.target) == 407
+    assert connect_status(new_ip, new["port"], page.target, (USERNAME, "x" + password)) == 407
+
+    # -- the old one gone: host, manifest, service; the other one untouched -------------
+    assert leftovers(conn, on.testbed, [old["id"]]) == [], "the old domain and volumes go"
+    assert {(p["name"], p["host"]) for p in by_name.values()} == {
+        (new_name, new_ip),
+        (kept["name"], kept["host"]),
+    }, "neither the old name nor the old address is in the fleet"
+    assert by_name[kept["name"]] == kept, "the group's other proxy is not touched"
+    listed = proxies(http)
+    assert sorted(listed) == sorted([new_name, kept["name"]]), listed
+    assert listed[new_name]["health"] == "healthy", listed
+    [last] = json.loads(stack.ok("stack", "history", "--json").stdout)[:1]
+    assert last["message"] == change["message"]
