@@ -1,20 +1,21 @@
 """The whole product once, as an operator and a crawler meet it.
 
-The proxy image of scripts/build-proxy-image served over HTTP; the real
-Pulumi CLI (`pulumi up` of a stack of the project's program) brings up two
-proxy VMs on the testbed, cloud-init configures squid from the seed ISO; the discovery
-service runs on the exported manifest, its health engine CONNECTs through both
-VMs; a crawler with `egress_proxies_client` leases one, fetches an HTTPS page
-through it (the page server sees the VM's address), reports it blocked and
-releases it; an immediate grant for that target is refused (409) while the
-other VM is still leased; curl fetches the page through the service's gateway.
+The proxy image of scripts/build-proxy-image served over HTTP; the real Pulumi
+CLI (`pulumi up` of a stack of the project's program) brings up two proxy VMs
+on the testbed, cloud-init configures squid from the seed ISO; the discovery
+service reads the stack's exported manifest itself (`--stack`, every 10 s), its
+health engine CONNECTs through both VMs; a crawler with `egress_proxies_client`
+leases one, fetches an HTTPS page through it (the page server sees the VM's
+address), reports it blocked and releases it; an immediate grant for that
+target is refused (409) while the other VM is still leased; curl fetches the
+page through the service's gateway.
 
 Then, on the same stack, one real recycle by the autopilot: three sites report
 the other VM blocked, `python -m proxyinfra autopilot --once` replaces it; its
 new generation takes another DHCP lease (a new MAC), squid there admits the
 manifest's new credentials only, the old domain and volumes and the old name
-and address leave host, manifest and service (which reads the stack itself,
-`--stack`, every few seconds), and the service reports the new proxy healthy
+and address leave host, manifest and service, the group's other VM stays as
+it was, and the service reports the new proxy healthy
 (docs/autopilot.md, "Recycle to healthy on the testbed").
 
 Last, the stack is destroyed and the host holds no domain, overlay or seed of
