@@ -107,7 +107,14 @@ def test_up_twice_at_once_and_down_restores_the_machine(tmp_path: Path) -> None:
     assert OWNER_FILE.read_text().strip() == str(STATE)
     printed = [json.loads(done.stdout.splitlines()[-1]) for done in (first, second)]
     assert printed[0] == printed[1]
-    assert set(printed[0]) == {"kubeconfig", "squidImage", "clientCidr", "hostAddress"}
+    assert set(printed[0]) == {
+        "kubeconfig",
+        "squidImage",
+        "discoveryImage",
+        "postgresImage",
+        "clientCidr",
+        "hostAddress",
+    }
     # One of them started everything, the other found it running.
     started = [done for done in (first, second) if "started (pid" in done.stderr]
     assert len(started) == 1

@@ -103,13 +103,21 @@ class Cluster:
     client_cidr: str
     host_address: str
     api: Api
+    discovery_image: str = ""
+    postgres_image: str = ""
 
     @classmethod
     def from_json(cls, line: str) -> Cluster:
         doc = json.loads(line)
         kubeconfig = Path(doc["kubeconfig"])
         return cls(
-            kubeconfig, doc["squidImage"], doc["clientCidr"], doc["hostAddress"], Api(kubeconfig)
+            kubeconfig,
+            doc["squidImage"],
+            doc["clientCidr"],
+            doc["hostAddress"],
+            Api(kubeconfig),
+            doc["discoveryImage"],
+            doc["postgresImage"],
         )
 
 
