@@ -28,6 +28,7 @@ replacement still booting is `unknown` until its first healthy probe.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -183,6 +184,7 @@ def test_waiting_crawlers_raise_home_2_to_4_one_change_a_round_never_past_max(
         [change] = done.changes
         assert change["rule"] == "demand" and change["signal"]["window"] == WINDOW_S
         assert change["signal"]["refused"] >= 5 and change["signal"]["perMinute"] >= 1
+        assert change["proxies"] == [f"home-{change['signal']['replicas']}"]  # the one that comes
         assert done.history[0]["message"] == change["message"]
         assert change["message"].startswith(
             f"autopilot: scale home from {change['signal']['replicas']} to "
@@ -222,6 +224,8 @@ def test_idle_home_goes_back_to_min_one_change_a_round_never_below(world: World)
     for done in rounds[1:3]:
         [change] = done.changes
         assert change["rule"] == "idle" and change["signal"]["leased"] == 0
+        # The highest replica leaves.
+        assert change["proxies"] == [f"home-{change['signal']['replicas'] - 1}"]
         assert "(idleAfter 2s), 0 of" in change["message"], change["message"]
     assert world.replicas() == {"home": 2, "edge": 4}
     served = {p["name"] for p in json.loads(world.fleet.read_text())["fleet"]["proxies"]}
@@ -232,11 +236,12 @@ def test_idle_home_goes_back_to_min_one_change_a_round_never_below(world: World)
 
 
 def _set_health(world: World, verdicts: Mapping[str, Health]) -> None:
+    """The service's verdicts, as its prober would change them (the listener told)."""
     service = world.service
     fake = service.fake
     assert fake is not None
     for name, verdict in verdicts.items():
-        service.call(lambda n=name, v=verdict: fake.set(n, v, "the test killed it"))  # type: ignore[misc]
+        service.call(functools.partial(fake.set, name, verdict, "set by the test"))
 
 
 def _report(world: World, leases: Mapping[str, str], sites: Mapping[str, int]) -> None:
