@@ -32,7 +32,7 @@ from tests.support.discovery import api_client, proxies, wait_for
 from tests.support.kube import Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
 from tests.support.pulumi_cli import CliStack
-from tests.support.stack_config import proxy
+from tests.support.stack_config import external_provider, proxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
 
@@ -409,6 +409,7 @@ def test_a_rolling_update_keeps_grants_answering(stack: CliStack, kube_cluster: 
 def bad_preview(cluster: Cluster, tmp_path: Path, **overrides: Any) -> str:
     config = discovery_config(cluster, "example.com:443", **overrides)
     config["providers"][0]["kubernetes"]["namespace"] = "ep-cli-disc-bad"
+    config["providers"].append(external_provider("corp"))  # a provider that is not kubernetes
     made = CliStack(tmp_path / "project", "bad", config, plugins=("kubernetes",))
     done = made.run("preview", timeout=300)
     out = done.stdout + done.stderr
@@ -431,6 +432,11 @@ def test_bad_config_is_named_before_any_resource(kube_cluster: Cluster, tmp_path
     out = bad_preview(kube_cluster, tmp_path / "b", port=3128, provider="elsewhere")
     assert "discovery.port: 3128 is the proxies' port (squid.port); pick another" in out
     assert "discovery.provider: unknown provider 'elsewhere' (kubernetes providers: cluster)" in out
+    out = bad_preview(kube_cluster, tmp_path / "c", provider="corp")
+    assert (
+        "discovery.provider: 'corp' is an external provider; the discovery service runs on a "
+        "kubernetes provider entry"
+    ) in out, out[-3000:]
 
 
 @pytest.mark.step

@@ -66,6 +66,19 @@ def pulumi_env(clone: Path, tmp_path: Path) -> dict[str, str]:
     )
 
 
+def pulumi(clone: Path, env: dict[str, str], *args: str) -> str:
+    """`pulumi ARGS --stack STACK` in the clone, as scripts/up's environment runs it."""
+    return subprocess.run(
+        ["pulumi", *args, "--stack", STACK],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+
+
 def config_of(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
 
@@ -100,15 +113,7 @@ def test_scripts_up_after_an_autopilot_recycle_changes_nothing(
     copy = clone / ".pulumi-state" / "config" / tracked.name
     salt = config_of(copy)["encryptionsalt"]
 
-    outputs = subprocess.run(
-        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", STACK],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
+    outputs = pulumi(clone, env, "stack", "output", "--json", "--show-secrets")
     fleet = tmp_path / "fleet.json"
     fleet.write_text(outputs)
     time.sleep(1.1)  # maxAge 1s
@@ -152,17 +157,7 @@ def test_scripts_up_after_an_autopilot_recycle_changes_nothing(
     # And a whole `scripts/up` after it: the recycled proxy stays, nothing changes.
     up = run_up(STACK, "--yes", "--skip-preview", root=clone, **simulated)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    history = json.loads(
-        subprocess.run(
-            ["pulumi", "stack", "history", "--json", "--stack", STACK],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-        ).stdout
-    )
+    history = json.loads(pulumi(clone, env, "stack", "history", "--json"))
     # Every resource the same; a `discard` is the engine dropping what the
     # autopilot's update only read (a StackReference of the partial run).
     changed = set(history[0]["resourceChanges"]) - {"same", "discard"}
