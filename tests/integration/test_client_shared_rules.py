@@ -154,9 +154,10 @@ def test_an_unreachable_service_is_waited_for_then_named(kind: str) -> None:
     unreachable = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(NoProxyAvailable, match="unreachable"):
         asyncio.run(first_lease(kind, unreachable, sleeps, http=None, token=""))
-    # Asked again after pauses, never sleeping past `wait` (the attempts
-    # themselves take some of it, more on a busy machine).
-    assert len(sleeps.asked) >= 2 and sum(sleeps.asked) <= 1.2, sleeps.asked
+    # Asked again after a pause, never sleeping past `wait` (the attempts
+    # themselves take some of it: on a busy machine one pause may be all
+    # that fits before the deadline).
+    assert len(sleeps.asked) >= 1 and sum(sleeps.asked) <= 1.2, sleeps.asked
 
 
 @pytest.mark.parametrize("kind", KEEPERS)

@@ -18,7 +18,10 @@ from tests.harness.engine import ProviderError, ProviderProcess, make_urn, provi
 from tests.support.images import tiny_image
 from tests.support.testbed import Testbed, access_for, refresh_pool
 
-pytestmark = pytest.mark.integration
+# A create waits up to ipTimeoutSeconds (120, props below) for the guest's
+# address: the call's own deadline must be longer, or a guest slow to boot
+# on a loaded machine is cut off by the harness, not by the provider.
+pytestmark = [pytest.mark.integration, pytest.mark.provider_engine(rpc_timeout=180)]
 libvirt.registerErrorHandler(lambda _c, _e: None, None)
 
 
