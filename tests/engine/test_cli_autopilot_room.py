@@ -13,22 +13,16 @@ says what the room held back.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import yaml
 
-from tests.support import ROOT
+from tests.support.autopilot_cli import World
 from tests.support.baseimages import random_qcow2, serve
 from tests.support.discovery import ServerThread, settings_for, wait_for
 from tests.support.http import FileServer
-from tests.support.pulumi_cli import CliStack
+from tests.support.pulumi_cli import PROJECT, CliStack
 from tests.support.simulated_fleet import simulated_env
 from tests.support.stack_config import (
     host,
@@ -51,45 +45,6 @@ POLICY: dict[str, Any] = {
 }
 
 
-@dataclass
-class World:
-    stack: CliStack
-    fleet: Path
-    service: ServerThread
-
-    def autopilot(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "proxyinfra",
-                "--project-dir",
-                str(self.stack.directory),
-                "autopilot",
-                *args,
-                "--stack",
-                STACK,
-                "--discovery",
-                self.service.url,
-            ],
-            cwd=ROOT,
-            env=self.stack.env() | {"DISCOVERY_TOKEN": TOKEN},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.service.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-        )
-
-    def replicas(self) -> int:
-        document = yaml.safe_load(self.stack.stack_file.read_text())
-        [home] = document["config"]["egress-proxies:proxies"]
-        return int(home.get("replicas", 1))
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     where = tmp_path_factory.mktemp("autopilot-room")
@@ -109,7 +64,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         fleet.write_text(stack.ok("stack", "output", "--json", "--show-secrets").stdout)
         settings = settings_for(where, fleet_files=(fleet,), token=TOKEN, file_poll=0.1)
         with ServerThread(settings) as service:
-            yield World(stack, fleet, service)
+            state = where / "stack" / "state" / "autopilot" / PROJECT / f"{STACK}.json"
+            yield World(stack, where / "hosts", fleet, service, state, STACK, TOKEN)
         stack.run("destroy", "--yes", "--skip-preview")
 
 
@@ -137,6 +93,6 @@ def test_a_group_grows_only_as_far_as_its_hosts_room(world: World) -> None:
     [held] = [d for d in lines if d["event"] == "held"]
     assert held["subject"] == "home" and held["rule"] == "demand"
     assert held["message"].endswith("1 of them not now: room for 1 more on home/nas1 only")
-    assert world.replicas() == 2
+    assert world.replicas() == {"home": 2}
     after = json.loads(world.stack.ok("stack", "history", "--json").stdout)
     assert len(after) == len(history) + 1 and after[0]["message"] == change["message"]
