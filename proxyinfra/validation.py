@@ -7,16 +7,11 @@ is per entry so one broken provider does not hide the errors of the others.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
-import types
-import typing
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pulumi
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +29,7 @@ from proxyinfra.config import (
     replica_names,
     resolve_path,
 )
+from proxyinfra.config_issues import ConfigError, ConfigIssue, pydantic_issues, show
 from proxyinfra.discovery_checks import check_discovery
 from proxyinfra.discovery_config import PATTERN_WORDS as DISCOVERY_PATTERN_WORDS
 from proxyinfra.discovery_config import DiscoveryConfig
@@ -46,99 +42,10 @@ TOP_LEVEL_KEYS = ("providers", "proxies", "squid", "autopilot", "generations", "
 _OWN_PATTERN_WORDS = {
     NAME_PATTERN: "must be 1-40 lowercase letters, digits or '-', starting with a letter",
 }
-_VALUE_SHOWN = 60
 
 
-@dataclass(frozen=True)
-class ConfigIssue:
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-class ConfigError(pulumi.RunError):
-    """Every error in the stack config, one per line. A RunError so that
-    ``pulumi preview`` prints just this message, without a traceback."""
-
-    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
-        self.issues = list(issues)
-        noun = "error" if len(self.issues) == 1 else "errors"
-        lines = "\n".join(f"  {issue}" for issue in self.issues)
-        super().__init__(f"invalid stack config ({len(self.issues)} {noun}):\n{lines}")
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= _VALUE_SHOWN else text[: _VALUE_SHOWN - 3] + "..."
-
-
-def _path(prefix: str, loc: Sequence[int | str]) -> str:
-    out = prefix
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _unwrap(tp: Any) -> Any:
-    """Strip Annotated and Optional around a type annotation."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is typing.Annotated:
-            tp = typing.get_args(tp)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(args) != 1:
-                return tp
-            tp = args[0]
-        else:
-            return tp
-
-
-def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """The model class that holds the key at `loc` (to list its allowed keys)."""
-    tp: Any = model
-    for part in loc:
-        tp = _unwrap(tp)
-        origin = typing.get_origin(tp)
-        if origin in (list, dict):
-            tp = typing.get_args(tp)[-1]
-        elif isinstance(tp, type) and issubclass(tp, BaseModel):
-            by_alias = {(f.alias or n): f for n, f in tp.model_fields.items()}
-            if part not in by_alias:
-                return None
-            tp = by_alias[str(part)].annotation
-        else:
-            return None
-    tp = _unwrap(tp)
-    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
-
-
-def _pydantic_issues(
-    error: ValidationError, prefix: str, model: type[BaseModel]
-) -> list[ConfigIssue]:
-    issues = []
-    for e in error.errors():
-        loc = tuple(e["loc"])
-        path = _path(prefix, loc)
-        if e["type"] == "extra_forbidden":
-            holder = _model_at(model, loc[:-1])
-            allowed = (
-                sorted((f.alias or n) for n, f in holder.model_fields.items()) if holder else []
-            )
-            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            issues.append(ConfigIssue(path, f"unknown key (allowed: {', '.join(allowed)}){hint}"))
-        elif e["type"] == "missing":
-            issues.append(ConfigIssue(path, "required"))
-        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in _pattern_words():
-            words = _pattern_words()[e["ctx"]["pattern"]]
-            issues.append(ConfigIssue(path, f"{words} (got {_show(e['input'])})"))
-        else:
-            msg = str(e["msg"]).removeprefix("Value error, ")
-            issues.append(ConfigIssue(path, f"{msg} (got {_show(e['input'])})"))
-    return issues
+def _issues(error: ValidationError, prefix: str, model: type[BaseModel]) -> list[ConfigIssue]:
+    return pydantic_issues(error, prefix, model, _pattern_words())
 
 
 def _pattern_words() -> dict[str, str]:
@@ -224,25 +131,25 @@ def _parse_providers(
     if value is None:
         return providers, broken
     if not isinstance(value, list):
-        c.add("providers", f"must be a list of providers (got {_show(value)})")
+        c.add("providers", f"must be a list of providers (got {show(value)})")
         return providers, broken
     registered = backends()
     types_list = ", ".join(sorted(registered))
     for i, entry in enumerate(value):
         path = f"providers[{i}]"
         if not isinstance(entry, Mapping):
-            c.add(path, f"must be a mapping (got {_show(entry)})")
+            c.add(path, f"must be a mapping (got {show(entry)})")
             continue
         kind = entry.get("type")
         backend = registered.get(kind) if isinstance(kind, str) else None
         if backend is None:
-            what = "required" if kind is None else f"unknown provider type {_show(kind)}"
+            what = "required" if kind is None else f"unknown provider type {show(kind)}"
             c.add(f"{path}.type", f"{what} (types: {types_list})")
             continue
         try:
             parsed = backend.entry_model.model_validate(entry)
         except ValidationError as error:
-            c.issues.extend(_pydantic_issues(error, path, backend.entry_model))
+            c.issues.extend(_issues(error, path, backend.entry_model))
             if isinstance(entry.get("name"), str):
                 broken[entry["name"]] = entry
             continue
@@ -258,13 +165,13 @@ def _parse_proxies(value: Any, c: _Collector) -> list[tuple[int, ProxyEntry]]:
     if value is None:
         return proxies
     if not isinstance(value, list):
-        c.add("proxies", f"must be a list of proxies (got {_show(value)})")
+        c.add("proxies", f"must be a list of proxies (got {show(value)})")
         return proxies
     for i, entry in enumerate(value):
         try:
             proxies.append((i, ProxyEntry.model_validate(entry)))
         except ValidationError as error:
-            c.issues.extend(_pydantic_issues(error, f"proxies[{i}]", ProxyEntry))
+            c.issues.extend(_issues(error, f"proxies[{i}]", ProxyEntry))
     return proxies
 
 
@@ -272,7 +179,7 @@ def _parse_squid(value: Any, c: _Collector) -> Squid | None:
     try:
         return Squid.model_validate(value if value is not None else {})
     except ValidationError as error:
-        c.issues.extend(_pydantic_issues(error, "squid", Squid))
+        c.issues.extend(_issues(error, "squid", Squid))
         return None
 
 
@@ -282,7 +189,7 @@ def _parse_autopilot(value: Any, c: _Collector) -> AutopilotPolicy | None:
     try:
         return AutopilotPolicy.model_validate(value)
     except ValidationError as error:
-        c.issues.extend(_pydantic_issues(error, "autopilot", AutopilotPolicy))
+        c.issues.extend(_issues(error, "autopilot", AutopilotPolicy))
         return None
 
 
@@ -291,12 +198,12 @@ def _parse_generations(value: Any, c: _Collector) -> dict[str, int]:
         return {}
     if isinstance(value, Mapping):  # YAML may key by a number: named here, not as `[key]`
         for key in [k for k in value if not isinstance(k, str)]:
-            c.add(f"generations.{key}", f"not a replica slot such as home-0 (got {_show(key)})")
+            c.add(f"generations.{key}", f"not a replica slot such as home-0 (got {show(key)})")
         value = {k: v for k, v in value.items() if isinstance(k, str)}
     try:
         return dict(Generations.model_validate(value).root)
     except ValidationError as error:
-        c.issues.extend(_pydantic_issues(error, "generations", Generations))
+        c.issues.extend(_issues(error, "generations", Generations))
         # The keys whose values are good are still checked against the rest.
         bad = {e["loc"][0] for e in error.errors() if e["loc"]}
         good = value.items() if isinstance(value, Mapping) else []
@@ -309,7 +216,7 @@ def _parse_discovery(value: Any, c: _Collector) -> DiscoveryConfig | None:
     try:
         return DiscoveryConfig.model_validate(value)
     except ValidationError as error:
-        c.issues.extend(_pydantic_issues(error, "discovery", DiscoveryConfig))
+        c.issues.extend(_issues(error, "discovery", DiscoveryConfig))
         return None
 
 
