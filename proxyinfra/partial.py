@@ -55,9 +55,9 @@ def read_ticket(stack: str, environ: Mapping[str, str] = os.environ) -> Ticket |
     try:
         content = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        return _raise(f"names {path!r}, which does not exist; {remedy}")
+        raise _refuse(f"names {path!r}, which does not exist; {remedy}") from None
     except (OSError, ValueError) as error:
-        return _raise(f"names {path!r}, which is not a ticket ({error}); {remedy}")
+        raise _refuse(f"names {path!r}, which is not a ticket ({error}); {remedy}") from None
     replicas = content.get("replicas") if isinstance(content, dict) else None
     if (
         not isinstance(content, dict)
@@ -65,12 +65,8 @@ def read_ticket(stack: str, environ: Mapping[str, str] = os.environ) -> Ticket |
         or not isinstance(replicas, list)
         or not all(isinstance(name, str) for name in replicas)
     ):
-        return _raise(f"names {path!r}, which is not a ticket for stack {stack!r}; {remedy}")
+        raise _refuse(f"names {path!r}, which is not a ticket for stack {stack!r}; {remedy}")
     return Ticket(stack, frozenset(replicas))
-
-
-def _raise(problem: str) -> Ticket:
-    raise _refuse(problem)
 
 
 @contextmanager

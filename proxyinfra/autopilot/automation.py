@@ -19,9 +19,10 @@ source of truth.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from pulumi import automation as auto
 
@@ -39,6 +40,7 @@ from proxyinfra.autopilot.seam import (
 from proxyinfra.partial import ticket
 from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
 
+T = TypeVar("T")
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
 _ERROR_LINES = 6
 
@@ -67,12 +69,12 @@ class AutomationStack:
         self._file = stack_file(project_dir, name)
         workspace = auto.LocalWorkspace(work_dir=str(project_dir))
         workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
-        self._stack = keeping_saltless(self._file, lambda: auto.Stack.select(name, workspace))
+        self._stack = self._saltless(lambda: auto.Stack.select(name, workspace))
         self._project = workspace.project_settings().name
 
     def read(self) -> Deployed:
-        raw = read_raw(stack_file(self.project_dir, self.name))
-        deployment = keeping_saltless(self._file, self._stack.export_stack).deployment or {}
+        raw = read_raw(self._file)
+        deployment = self._saltless(self._stack.export_stack).deployment or {}
         resources = [
             DeployedResource(
                 urn=r["urn"],
@@ -87,10 +89,10 @@ class AutomationStack:
     def set_config(self, path: str, value: int | None) -> None:
         key = f"{NAMESPACE}:{path}"
         if value is None:
-            keeping_saltless(self._file, lambda: self._stack.remove_config(key, path=True))
+            self._saltless(lambda: self._stack.remove_config(key, path=True))
         else:
             config = auto.ConfigValue(value=str(value))
-            keeping_saltless(self._file, lambda: self._stack.set_config(key, config, path=True))
+            self._saltless(lambda: self._stack.set_config(key, config, path=True))
 
     def lock_holder(self) -> str | None:
         root = backend_dir()
@@ -105,7 +107,7 @@ class AutomationStack:
             with ticket(self.name, registers) as entry:
                 self._env.update(entry)
                 try:
-                    result = keeping_saltless(self._file, lambda: self._up(message, targets))
+                    result = self._saltless(lambda: self._up(message, targets))
                 finally:
                     for key in entry:
                         self._env.pop(key, None)
@@ -117,10 +119,14 @@ class AutomationStack:
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
         summary = result.summary
         number = summary.version or len(
-            keeping_saltless(self._file, lambda: self._stack.history(show_secrets=False))
+            self._saltless(lambda: self._stack.history(show_secrets=False))
         )
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))
+
+    def _saltless(self, command: Callable[[], T]) -> T:
+        """Every CLI command of this stack: the stack file keeps no salt it wrote (saltless.py)."""
+        return keeping_saltless(self._file, command)
 
     def _up(self, message: str, targets: Sequence[str]) -> auto.UpResult:
         return self._stack.up(
