@@ -107,6 +107,17 @@ def test_user_data_may_not_undo_the_setting(own: str, named: str) -> None:
         user_data(apt, own)
 
 
+def test_user_data_may_write_its_own_files_beside_the_mirrors_key() -> None:
+    # The setting's write_files list is checked entry by entry (the key's path),
+    # not as a key the user may not set: the proxy's own files go in beside it.
+    apt = {"mirror": MIRROR, "key": KEY}
+    own = "#cloud-config\nwrite_files:\n  - path: /etc/motd\n    content: lab proxy\n"
+    written = consumed(user_data(apt, own), DEFAULT_VENDOR_DATA)["write_files"]
+    contents = {f["path"]: f["content"] for f in written}
+    assert contents[KEY_PATH] == KEY
+    assert contents["/etc/motd"] == "lab proxy"
+
+
 def test_user_data_may_add_its_own_apt_sources() -> None:
     own = "#cloud-config\napt:\n  sources:\n    extra.list: {source: deb http://x bookworm main}\n"
     rendered = parse_cloud_config(user_data({"mirror": MIRROR}, own))
