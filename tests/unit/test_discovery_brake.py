@@ -75,6 +75,27 @@ def test_the_table_stays_bounded_under_many_addresses_and_forgets() -> None:
     assert len(brake) == 1
 
 
+def test_a_full_table_drops_its_oldest_record_so_fresh_guessers_are_still_slowed() -> None:
+    """Issue 43, item 4: with the newest record dropped instead, a guesser
+    alternating two addresses the full table lacks pushes each out with the
+    other and stays at one failure for ever, never slowed."""
+    clock = Clock()
+    brake = Brake(clock=clock, max_addresses=4, surge_failures=1_000_000)
+    for host in range(4):  # the table full of older failures, one each
+        fail(brake, f"10.0.0.{host}", 1)
+        clock.now += 1
+    closures = []
+    for _ in range(6):
+        closures += [brake.failed("192.0.2.1", "bearer"), brake.failed("192.0.2.2", "bearer")]
+        clock.now += 0.001
+    assert len(brake) == 4
+    assert closures[-2:] == [2, 2]  # each of them on its 6th failure, the wait doubled
+    assert brake.retry_after("192.0.2.1") == 2 and brake.retry_after("192.0.2.2") == 2
+    # The two oldest records made room for them; the newer ones kept their count.
+    assert fail(brake, "10.0.0.3", 4) == [0, 0, 0, 1]  # its 5th failure
+    assert fail(brake, "10.0.0.0", 4) == [0, 0, 0, 0]  # counted afresh
+
+
 def test_failures_are_logged_once_per_address_and_interval() -> None:
     clock = Clock()
     brake = Brake(clock=clock, log_every=60.0, max_warnings=3)
