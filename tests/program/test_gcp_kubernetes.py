@@ -402,6 +402,26 @@ def test_deployment_probes_limits_security_and_mounts(fleet: ProgramResult) -> N
     assert annotations == {"egress-proxies/squid-conf-sha256": digest}
 
 
+def test_pods_of_the_stack_repel_each_other_across_nodes(fleet: ProgramResult) -> None:
+    # Pods on different nodes egress from different addresses: each pod prefers
+    # a node without another proxy of this stack (any proxy, any provider).
+    stack = {"app.kubernetes.io/part-of": "egress-proxies", "egress-proxies/stack": "dev"}
+    term = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": stack},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    }
+    deployments = by_name(fleet, DEPLOYMENT)
+    for name, deployment in deployments.items():
+        pod = deployment.inputs["spec"]["template"]
+        assert pod["spec"]["affinity"] == {
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}
+        }, name
+        assert pod["metadata"]["labels"].items() >= stack.items(), name
+
+
 def test_services_and_network_policies(fleet: ProgramResult) -> None:
     services = by_name(fleet, SERVICE)
     cluster_ip = services["pods-0-service"].inputs["spec"]
