@@ -103,3 +103,27 @@ def test_an_address_that_drops_packets_fails_after_the_timeout() -> None:
     with pytest.raises(AccessError, match=r"https://192.0.2.1:6443 .*: timed out"):
         check_reachable(ApiServer("https://192.0.2.1:6443", "a", "kc"), connect=silent, timeout=2)
     assert asked == [(("192.0.2.1", 6443), 2)]
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("http://api.example", ("api.example", 80)),
+        ("http://api.example/", ("api.example", 80)),
+        ("https://api.example", ("api.example", 443)),
+        ("http://api.example:8080", ("api.example", 8080)),
+        ("http://[fd00::1]", ("fd00::1", 80)),
+    ],
+)
+def test_a_server_without_a_port_is_checked_on_its_scheme_s_port(
+    tmp_path: Path, url: str, address: tuple[str, int]
+) -> None:
+    kubeconfig(tmp_path / "kc", url)
+    dialled: list[tuple[str, int]] = []
+
+    def connect(to: tuple[str, int], timeout: float) -> socket.socket:
+        dialled.append(to)
+        return socket.socket()
+
+    check_reachable(api_server(provider(kubeconfig="kc"), tmp_path, env={}), connect=connect)
+    assert dialled == [address]
