@@ -101,6 +101,31 @@ def test_a_broken_source_keeps_its_fleet_and_is_reported_once_per_content(
     assert "site-a/home-2" in fixed.fleet.proxies and "site-a/home-0" not in fixed.fleet.proxies
 
 
+def test_a_break_after_a_recovery_is_reported_again_even_with_the_same_content(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, item 6: the same broken content as the last reported break,
+    once the source was readable in between, is a new break (the service
+    logs and counts each one reported, service.py)."""
+    clock = Clock()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_stack(a, "site-a", ["home-0"])
+    write_stack(b, "site-b", ["home-0"])
+    both = sources(clock, a, b, poll=1)
+    both.load()
+    errors = []
+    for _ in range(2):
+        a.write_text("{")
+        clock.now += 1
+        broken = both.reload()
+        assert [str(e) for e in broken.new_errors] == broken.errors  # reported: a new break
+        errors.append(broken.errors)
+        write_stack(a, "site-a", ["home-0"])
+        clock.now += 1
+        assert both.reload().recovered == [f"file {a}"]
+    assert len(errors[0]) == 1 and errors[1] == errors[0]  # the same content both times
+
+
 def test_two_sources_of_one_stack_are_refused(tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     write_stack(a, "prod", ["x"])
