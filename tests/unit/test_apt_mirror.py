@@ -153,3 +153,22 @@ def test_bad_settings_are_named_and_urls_never_echoed(tmp_path: Path) -> None:
     ]
     errors = config_errors({"proxy": "http://cache.lab:3142", "key": KEY}, tmp_path)
     assert errors == ["providers[0].kvm.apt.key: only with a mirror (apt.mirror)"]
+
+
+@pytest.mark.parametrize("userinfo", ["s3cretT0ken@", "s3cretT0ken:@", ":s3cretT0ken@"])
+def test_a_url_carrying_a_token_alone_is_refused_and_never_echoed(
+    tmp_path: Path, userinfo: str
+) -> None:
+    # A token as the URL's user name (http://TOKEN@mirror/) is the usual form:
+    # it is a credential as much as a user with a password.
+    apt = {
+        "mirror": f"http://{userinfo}mirror.lab/debian",
+        "securityMirror": f"https://{userinfo}sec.lab/debian-security",
+        "proxy": f"http://{userinfo}cache.lab:3142",
+    }
+    errors = config_errors(apt, tmp_path)
+    refusal = "must not carry credentials: they would be written into every VM's apt configuration"
+    assert errors == [
+        f"providers[0].kvm.apt.{key}: {refusal}" for key in ("mirror", "securityMirror", "proxy")
+    ]
+    assert not any("s3cretT0ken" in e for e in errors)
