@@ -97,6 +97,27 @@ def test_a_second_process_finds_what_the_first_left(tmp_path: Path) -> None:
     third.close()
 
 
+def test_a_resized_volume_keeps_its_new_capacity_for_the_next_process(tmp_path: Path) -> None:
+    first = _host(tmp_path)
+    conn = first.libvirt()
+    pool = conn.storagePoolLookupByName("vms")
+    base = pool.createXML(_volume("base.qcow2", 1 << 30), 0)
+    overlay = pool.createXML(_volume("p1.qcow2", 2 << 30, backing=base.path()), 0)
+    upload(conn, overlay, [b"QFI\xfb overlay"], 12)
+    overlay.resize(5 << 30, 0)
+    # The handle still finds it by name, in this process.
+    assert overlay.info()[1] == 5 << 30
+    first.close()
+
+    second = _host(tmp_path)
+    pool = second.libvirt().storagePoolLookupByName("vms")
+    again = pool.storageVolLookupByName("p1.qcow2")
+    assert again.info()[1] == 5 << 30
+    assert f"<path>{base.path()}</path>" in again.XMLDesc(0)  # the same backing file
+    assert second.contents[again.path()] == b"QFI\xfb overlay"
+    second.close()
+
+
 @pytest.fixture
 def new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as a provider process not started yet (the CLI starts one
