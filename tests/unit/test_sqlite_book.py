@@ -264,6 +264,38 @@ def test_renewals_the_store_cannot_record_leave_the_expiry_as_it_was(tmp_path: P
     run(tmp_path, simple_fleet(1), scenario)
 
 
+def test_a_renewal_being_committed_when_the_sweep_passes_the_old_end_keeps_the_lease(
+    tmp_path: Path,
+) -> None:
+    """Issue 43, item 2: a sweep that ended a lease whose renewal was still
+    being written would answer the crawler 200 and free its proxy to another."""
+
+    async def scenario(w: World) -> None:
+        lease = await w.book.grant("c", ttl=5, selector=ANY, host=None)
+        w.clock.advance(4)
+        faults(w).hold()
+        renewal = asyncio.ensure_future(w.book.renew(lease.id, ttl=20))
+        await asyncio.sleep(0)
+        w.clock.advance(2)  # past the lease's old end, its new one not yet committed
+        sweep = asyncio.ensure_future(w.book.expire_due())
+        await asyncio.sleep(0)
+        held = faults(w).held
+        assert held is not None  # the renewal's write, and the sweep's if it ended the lease
+        await faults(w).settle(*[True] * len(held))
+        assert (await renewal).expires_at == w.clock.now + 18  # the crawler's 200
+        # ...and the lease lives, in the store as in memory: its proxy is not
+        # freed to another, the sweep ended nothing.
+        assert w.rows("SELECT id, expires_at FROM leases") == [(lease.id, w.clock.now + 18)]
+        assert await grant_all(w) == []
+        assert (await w.book.renew(lease.id, ttl=None)).id == lease.id
+        assert await sweep == 0
+        assert w.sample("discovery_leases_expired_total") == 0
+        w.clock.advance(20)  # at its new end it does expire
+        assert await w.book.expire_due() == 1
+
+    run(tmp_path, simple_fleet(1), scenario)
+
+
 def test_a_lease_being_released_is_gone_for_the_crawler_and_held_for_grants(
     tmp_path: Path,
 ) -> None:
