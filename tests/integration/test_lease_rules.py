@@ -33,6 +33,13 @@ pytestmark = pytest.mark.integration
 ANY = Selector()
 
 
+def at(seconds: float) -> object:
+    """A time on the fake clock, to the millisecond (PostgreSQL keeps
+    microseconds). pytest.approx's default, a millionth of the epoch
+    seconds, is half an hour: a TTL of 20 s would pass for 60."""
+    return pytest.approx(seconds, rel=0, abs=1e-3)
+
+
 # -- grant ----------------------------------------------------------------------------------
 
 
@@ -113,9 +120,9 @@ def test_ttl_defaults_to_and_is_capped_by_the_max(books: Books) -> None:
         capped = await w.book.grant("c", ttl=10_000, selector=ANY, host=None)
         short = await w.book.grant("c", ttl=5, selector=ANY, host=None)
         now = w.clock.now
-        assert default.expires_at == pytest.approx(now + 60)
-        assert capped.expires_at == pytest.approx(now + 60)
-        assert short.expires_at == pytest.approx(now + 5)
+        assert default.expires_at == at(now + 60)
+        assert capped.expires_at == at(now + 60)
+        assert short.expires_at == at(now + 5)
 
     books.run(simple_fleet(3), scenario, max_ttl=60)
 
@@ -217,13 +224,37 @@ def test_renew_extends_but_never_past_the_max_ttl(books: Books) -> None:
         lease = await w.book.grant("c", ttl=20, selector=ANY, host=None)
         w.clock.advance(15)
         renewed = await w.book.renew(lease.id, ttl=None)  # the lease's own TTL again
-        assert renewed.expires_at == pytest.approx(w.clock.now + 20)
+        assert renewed.expires_at == at(w.clock.now + 20)
         renewed = await w.book.renew(lease.id, ttl=3600)
-        assert renewed.expires_at == pytest.approx(w.clock.now + 60)  # capped
+        assert renewed.expires_at == at(w.clock.now + 60)  # capped
         [(_, _, stored)] = w.stored_leases()
-        assert stored == pytest.approx(w.clock.now + 60)
+        assert stored == at(w.clock.now + 60)
 
     books.run(simple_fleet(1), scenario, max_ttl=60)
+
+
+def test_a_renewal_without_a_ttl_is_capped_by_a_max_lowered_since_the_grant(
+    books: Books,
+) -> None:
+    """Issue 43, item 3: a restart with a smaller --max-lease-ttl (or another
+    replica's) caps the lease's own TTL that a renewal without one reuses."""
+    clock = Clock()
+    ids: list[str] = []
+
+    async def granted(w: World) -> None:
+        ids.append((await w.book.grant("c", ttl=None, selector=ANY, host=None)).id)
+
+    async def lowered(w: World) -> None:
+        w.clock.advance(10)
+        renewed = await w.book.renew(ids[0], ttl=None)
+        assert renewed.expires_at == at(w.clock.now + 20)
+        [(_, _, stored)] = w.stored_leases()
+        assert stored == at(w.clock.now + 20)
+        w.clock.advance(20)
+        assert await w.book.expire_due() == 1
+
+    books.run(simple_fleet(1), granted, clock=clock, max_ttl=60)
+    books.run(simple_fleet(1), lowered, clock=clock, max_ttl=20)
 
 
 def test_unknown_or_ended_leases_are_not_found(books: Books) -> None:
@@ -445,7 +476,7 @@ def test_cooldowns_per_proxy_are_capped_by_widening_to_every_target(books: Books
         [view] = await w.book.proxies_json()
         assert view["cooldowns"] == [{"target": "*", "until": "2027-01-15T08:05:01.000Z"}]
         [(proxy, target, until)] = w.stored_cooldowns()
-        assert (proxy, target) == ("p0", "*") and until == pytest.approx(w.clock.now + 300)
+        assert (proxy, target) == ("p0", "*") and until == at(w.clock.now + 300)
         await w.book.release(lease.id)
         for host in ("t0.example", "other.example", None):
             with pytest.raises(NoProxyAvailable):
