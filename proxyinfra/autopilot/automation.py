@@ -8,6 +8,14 @@ source of truth.
   ``set_config(..., path=True)`` (what `pulumi config set --path` does).
 - That file gets the autopilot's edits and nothing of the backend's (no
   ``encryptionsalt``: saltless.py), so `scripts/up` runs on them next.
+- Two commands are run through the Automation API's command runner rather
+  than its ``Stack`` methods, since those decrypt every secret of the state
+  into this process: ``export_stack`` exports with ``--show-secrets``, and
+  ``up`` reads every output (twice, plain and revealed) after the update.
+  The autopilot needs neither: it reads URNs and creation times, and an
+  update's summary from the history. Each of those is one more read of the
+  whole state, too: at 400 proxies they were half the round's engine CPU
+  (docs/autopilot.md, "Cost measured").
 - The lock: on a file (DIY) backend the lock files under
   ``.pulumi/locks/`` name their holder (user@host, pid, since), and a dead
   one on this host is named stale with its remedy (locks.py); on any
@@ -18,6 +26,7 @@ source of truth.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -60,21 +69,24 @@ def _time(value: object) -> datetime | None:
 
 
 class AutomationStack:
-    def __init__(self, project_dir: Path, name: str) -> None:
+    def __init__(
+        self, project_dir: Path, name: str, command: auto.PulumiCommand | None = None
+    ) -> None:
         self.name = name
         self.project_dir = project_dir
         # The workspace's environment, read at each command: a ticket's entry
         # is put in for the update it is for (proxyinfra/partial.py).
         self._env: dict[str, str] = fallback_env()
         self._file = stack_file(project_dir, name)
-        workspace = auto.LocalWorkspace(work_dir=str(project_dir))
+        workspace = auto.LocalWorkspace(work_dir=str(project_dir), pulumi_command=command)
         workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
         self._stack = self._saltless(lambda: auto.Stack.select(name, workspace))
         self._project = workspace.project_settings().name
 
     def read(self) -> Deployed:
         raw = read_raw(self._file)
-        deployment = self._saltless(self._stack.export_stack).deployment or {}
+        exported = self._saltless(lambda: self._run(["stack", "export"]))
+        deployment = json.loads(exported.stdout).get("deployment") or {}
         resources = [
             DeployedResource(
                 urn=r["urn"],
@@ -107,7 +119,7 @@ class AutomationStack:
             with ticket(self.name, registers) as entry:
                 self._env.update(entry)
                 try:
-                    result = self._saltless(lambda: self._up(message, targets))
+                    self._saltless(lambda: self._up(message, targets))
                 finally:
                     for key in entry:
                         self._env.pop(key, None)
@@ -117,7 +129,7 @@ class AutomationStack:
         except auto.CommandError as error:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
-        summary = result.summary
+        (summary,) = self._saltless(lambda: self._stack.history(page_size=1, show_secrets=False))
         number = summary.version or len(
             self._saltless(lambda: self._stack.history(show_secrets=False))
         )
@@ -128,13 +140,14 @@ class AutomationStack:
         """Every CLI command of this stack: the stack file keeps no salt it wrote (saltless.py)."""
         return keeping_saltless(self._file, command)
 
-    def _up(self, message: str, targets: Sequence[str]) -> auto.UpResult:
-        return self._stack.up(
-            message=message,
-            target=list(targets),
-            target_dependents=True,
-            color="never",
-            suppress_outputs=True,
-            suppress_progress=True,
-            show_secrets=False,
-        )
+    def _run(self, args: list[str]) -> auto.CommandResult:
+        """ARGS on this stack, with the workspace's command and environment
+        (a ticket's entry among it), raising what the Automation API raises."""
+        workspace = self._stack.workspace
+        command = [*args, "--stack", self.name]
+        return workspace.pulumi_command.run(command, workspace.work_dir, dict(self._env))
+
+    def _up(self, message: str, targets: Sequence[str]) -> None:
+        args = ["up", "--yes", "--skip-preview", "--message", message, "--target-dependents"]
+        args += [f"--target={urn}" for urn in targets]
+        self._run([*args, "--color=never", "--suppress-outputs", "--suppress-progress"])

@@ -18,12 +18,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 import pytest
+from pulumi import automation as auto
 
+from proxyinfra.autopilot.automation import AutomationStack
+from proxyinfra.autopilot.targets import proxy_urn
 from tests.support.autopilot_cli import World, decisions
 from tests.support.baseimages import random_qcow2, serve
 from tests.support.discovery import ServerThread, settings_for, wait_for
@@ -196,6 +199,51 @@ def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> Non
     )
     # A file backend numbers no update: the autopilot gives its ordinal in the history.
     assert change["update"] == len(world.history()) == 2
+
+
+class _Recording(auto.PulumiCommand):
+    """The real CLI, each command's arguments kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[str]] = []
+
+    def run(
+        self,
+        args: list[str],
+        cwd: str,
+        additional_env: Mapping[str, str],
+        on_output: auto.OnOutput | None = None,
+        on_error: auto.OnOutput | None = None,
+    ) -> auto.CommandResult:
+        self.seen.append(list(args))
+        return super().run(args, cwd, additional_env, on_output, on_error)
+
+
+@pytest.mark.step
+def test_the_autopilot_s_commands_reveal_no_secret(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What it reads of a stack (URNs, creation times, an update's summary) is
+    not secret, so no command it runs decrypts the state's secrets into it;
+    each would be one more read of the whole state, too (automation.py)."""
+    for key, value in world.env().items():
+        monkeypatch.setenv(key, value)
+    command = _Recording()
+    stack = AutomationStack(world.stack.directory, world.name, command=command)
+    deployed = stack.read()
+    home1 = proxy_urn(world.name, PROJECT, "home-1")
+    assert home1 in {r.urn for r in deployed.resources}
+    history = world.history()
+    # A targeted update that changes nothing: home-1 registered as it is.
+    updated = stack.update("autopilot: test, no change", [home1], ["home-1"])
+    assert updated.id == len(history) + 1 == len(world.history())
+    # (the read: the partial run's StackReference to the stack itself)
+    assert set(updated.changes) == {"same", "read"}, updated.changes
+    assert command.seen, "no command went through the stack's runner"
+    revealing = [args for args in command.seen if any("show-secrets" in a for a in args)]
+    assert revealing == [], revealing
+    assert not [args for args in command.seen if args[:2] == ["stack", "output"]], command.seen
 
 
 @pytest.mark.step
