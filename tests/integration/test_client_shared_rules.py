@@ -1,8 +1,9 @@
 """The client's rules that exist once and run in two places, each test run
 against both: the grant-and-renew loop (`alease()` and the pool under the
-adapters) and the verdict on an answer through a proxy (the httpx transport
-and the Scrapy middleware). In process against the real app
-(tests/support/crawler_pool.py); the rules themselves, as tables, are in
+adapters) and the verdict on an answer through a proxy (the httpx transports
+and the Scrapy middleware), a 407 on CONNECT included. In process against
+the real app (tests/support/crawler_pool.py), or on a socket where the proxy
+is one too; the rules themselves, as tables, are in
 tests/unit/test_client_rules.py."""
 
 from __future__ import annotations
@@ -19,30 +20,36 @@ from typing import Any
 import httpx
 import pytest
 from scrapy import Request, Spider
+from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.http import Response
+from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler
 
 from egress_proxies_client import (
     AsyncDiscoveryTransport,
     BanPolicy,
     DiscoveryError,
+    DiscoveryTransport,
     LeasePool,
     NoProxyAvailable,
     alease,
 )
-from egress_proxies_client.scrapy import DiscoveryProxyMiddleware
+from egress_proxies_client._loop import LoopThread
+from egress_proxies_client.scrapy import DEFAULT_ERROR_EXCEPTIONS, DiscoveryProxyMiddleware
 from tests.support.crawler_pool import (
     URL,
+    RefusingProxy,
     Sleeps,
     cooling,
     eventually,
     fake_health,
+    fleet_settings,
     leased,
     pool,
     proxies_answering,
     service,
 )
-from tests.support.discovery import free_port
+from tests.support.discovery import ServerThread, free_port
 
 MOVED_PORT = 4199  # where a renewal says the proxy moved to
 
@@ -371,3 +378,74 @@ def test_when_retries_run_out_the_last_bad_answer_is_passed_on(
             }
 
     asyncio.run(run())
+
+
+# -- a 407 on CONNECT (an https site): the proxy's error, in every adapter --------------------
+
+
+async def scrapy_download_refused(middleware: DiscoveryProxyMiddleware, port: int) -> None:
+    """What the engine does when the proxy refuses the CONNECT: the
+    middleware's two hooks, with the TunnelError Scrapy's HTTP/1.1 handler
+    raises (its message)."""
+    request = Request("https://shop.example/")
+    await middleware.process_request(request)
+    refused = TunnelError(
+        f"Could not open CONNECT tunnel with proxy 127.0.0.1:{port} "
+        "[{'status': 407, 'reason': b'Proxy Authentication Required'}]"
+    )
+    await middleware.process_exception(request, refused)  # Scrapy's RetryMiddleware decides next
+
+
+@pytest.mark.parametrize("adapter", ["httpx-async", "httpx-sync", "scrapy"])
+def test_a_refused_connect_is_the_proxys_error_never_a_ban(tmp_path: Path, adapter: str) -> None:
+    refusing = RefusingProxy()
+    server = ServerThread(fleet_settings(tmp_path, [refusing.port])).start()
+    loop = LoopThread()
+    try:
+        if adapter == "httpx-sync":
+            sync = DiscoveryTransport(server.url, token="", wait=0)
+            with httpx.Client(transport=sync) as client, pytest.raises(httpx.ProxyError):
+                client.get("https://shop.example/")
+            counts = dict(sync.stats)
+        elif adapter == "httpx-async":
+            transport = AsyncDiscoveryTransport(server.url, token="", wait=0)
+
+            async def get() -> None:
+                async with httpx.AsyncClient(transport=transport) as client:
+                    await client.get("https://shop.example/")
+
+            with pytest.raises(httpx.ProxyError):
+                loop.run(get())
+            counts = dict(transport.stats)
+        else:
+            crawler = get_crawler(Spider)
+            stats = crawler.stats
+            assert stats is not None
+            leases = LeasePool(
+                server.url,
+                holder="scrapy",
+                token="",
+                wait=0,
+                count=lambda key, n: stats.inc_value(f"discovery/{key}", n),
+            )
+            # The middleware's own defaults, as from_crawler loads them.
+            errors = tuple(load_object(path) for path in DEFAULT_ERROR_EXCEPTIONS)
+            middleware = DiscoveryProxyMiddleware(
+                crawler, leases, BanPolicy(), ban_retries=5, error_exceptions=errors
+            )
+            try:
+                loop.run(scrapy_download_refused(middleware, refusing.port))
+            finally:
+                loop.run(leases.aclose())
+            counts = {k.removeprefix("discovery/"): v for k, v in stats.get_stats().items()}
+        if adapter != "scrapy":  # (Scrapy's download is the TunnelError it would raise)
+            assert refusing.connects == ["shop.example:443"]
+        assert interesting(counts) == {"reports/error": 1}
+        assert server.fake is not None
+        assert [name for name, _ in server.fake.errors] == ["p0"]  # against its health
+        proxies = httpx.get(f"{server.url}/v1/proxies").json()["proxies"]
+        assert [(p["cooldowns"], p["leased"]) for p in proxies] == [([], False)]  # no ban
+    finally:
+        loop.stop()
+        server.stop()
+        refusing.close()

@@ -1,15 +1,18 @@
 """The crawler client in process against the real discovery app (every layer
 of it, through httpx.ASGITransport, health verdicts from a fake): a service
 with a small fleet, a pool on it, proxies answered by httpx.MockTransport,
-and what the service then lists. Shared by test_crawler_pool.py and
-test_client_shared_rules.py."""
+and what the service then lists; a proxy on a socket that refuses every
+CONNECT. Shared by test_crawler_pool.py, test_client_shared_rules.py and
+test_client_renewals.py."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +112,31 @@ def proxies_answering(by_port: dict[int, Callable[[httpx.Request], httpx.Respons
 
     make.seen = seen  # type: ignore[attr-defined]
     return make
+
+
+class RefusingProxy:
+    """A proxy on a socket that refuses every CONNECT with 407, as squid does
+    when the credentials are wrong: what a crawler of https sites meets."""
+
+    def __init__(self) -> None:
+        self.connects: list[str] = []
+        refusing = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_CONNECT(self) -> None:
+                refusing.connects.append(self.path)
+                self.send_response(407)
+                self.send_header("Proxy-Authenticate", 'Basic realm="proxy"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.httpd.server_address[1])
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
