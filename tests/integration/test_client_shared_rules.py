@@ -1,18 +1,16 @@
-"""The client's rules that exist once and run in two places, each test run
-against both: the grant-and-renew loop (`alease()` and the pool under the
-adapters) and the verdict on an answer through a proxy (the httpx transports
-and the Scrapy middleware), a 407 on CONNECT included. In process against
-the real app (tests/support/crawler_pool.py), or on a socket where the proxy
-is one too; the rules themselves, as tables, are in
-tests/unit/test_client_rules.py."""
+"""The client's rules that exist once and run in several places, each test
+run against each: the grant loop (`alease()` and the pool under the
+adapters) and the verdict on an answer through a proxy (the httpx
+transports and the Scrapy middleware), a 407 on CONNECT included. In
+process against the real app (tests/support/crawler_pool.py), or on a
+socket where the proxy is one too; the rules themselves, as tables, are in
+tests/unit/test_client_rules.py, the renew loop's users in
+test_client_renewals.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,86 +39,14 @@ from tests.support.crawler_pool import (
     RefusingProxy,
     Sleeps,
     cooling,
-    eventually,
     fake_health,
     fleet_settings,
-    leased,
     pool,
-    proxies_answering,
     service,
 )
 from tests.support.discovery import ServerThread, free_port
 
-MOVED_PORT = 4199  # where a renewal says the proxy moved to
-
-
-class Renewals(httpx.AsyncBaseTransport):
-    """The service's transport, its renewals (POST .../renew) answered as
-    `plan` says, in turn, then as `then`: `unreachable` (a ConnectError),
-    `failing` (a 503 error answer), `moved` (the service's answer with the
-    proxy on MOVED_PORT), `through` (the service's answer). `got` lists what
-    each renewal was given."""
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, plan: list[str], then: str) -> None:
-        self.inner = inner
-        self.plan = list(plan)
-        self.then = then
-        self.got: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not (request.method == "POST" and request.url.path.endswith("/renew")):
-            return await self.inner.handle_async_request(request)
-        step = self.plan.pop(0) if self.plan else self.then
-        self.got.append(step)
-        if step == "unreachable":
-            raise httpx.ConnectError("connection refused", request=request)
-        if step == "failing":
-            return httpx.Response(503, json={"error": "unavailable", "detail": "try again"})
-        answer = await self.inner.handle_async_request(request)
-        if step == "moved" and answer.status_code == 200:
-            body = json.loads(await answer.aread())
-            body["proxy"]["url"] = str(httpx.URL(body["proxy"]["url"]).copy_with(port=MOVED_PORT))
-            return httpx.Response(200, json=body)
-        return answer
-
-
-@asynccontextmanager
-async def renewing(
-    tmp_path: Path, plan: list[str], then: str = "through"
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Renewals]]:
-    """(the service's client, a client whose renewals go as planned, the plan)."""
-    async with service(tmp_path, [4100]) as (http, _):
-        renewals = Renewals(http._transport, plan, then)
-        async with httpx.AsyncClient(transport=renewals, base_url=URL) as planned:
-            yield http, planned, renewals
-
-
-# -- one grant-and-renew loop: alease() and the pool -----------------------------------------
-
-
-@dataclass
-class Seen:
-    id: str
-    url: str
-    expires_at: float  # epoch seconds
-    lost: bool
-
-
-@asynccontextmanager
-async def one_lease(
-    kind: str, http: httpx.AsyncClient, ttl: float
-) -> AsyncIterator[Callable[[], Seen]]:
-    """A lease held by `alease()` or by the pool (for shop.example), and how it looks now."""
-    if kind == "alease":
-        async with alease(URL, "keeper", ttl=ttl, wait=0, token="", http=http) as proxy:
-            yield lambda: Seen(proxy.id, proxy.url, proxy.expires_at.timestamp(), proxy.lost)
-        return
-    leases = pool(http, ttl=ttl, idle=None, wait=0)
-    try:
-        held = await leases.acquire("shop.example")
-        yield lambda: Seen(held.id, held.url, held.expires_at, leases.lookup(held.id) is None)
-    finally:
-        await leases.aclose()
+# -- one grant loop: alease() and the pool ---------------------------------------------------------
 
 
 KEEPERS = ["alease", "pool"]
@@ -165,85 +91,6 @@ def test_an_unreachable_service_is_waited_for_then_named(kind: str) -> None:
     # themselves take some of it: on a busy machine one pause may be all
     # that fits before the deadline).
     assert len(sleeps.asked) >= 1 and sum(sleeps.asked) <= 1.2, sleeps.asked
-
-
-@pytest.mark.parametrize("kind", KEEPERS)
-def test_failed_renewals_do_not_stop_the_renewals(tmp_path: Path, kind: str) -> None:
-    async def run() -> None:
-        async with renewing(tmp_path, ["unreachable", "failing"]) as (http, planned, renewals):
-            async with one_lease(kind, planned, ttl=4) as seen:
-                first = seen()
-                await eventually(lambda: seen().expires_at > first.expires_at)
-                assert renewals.got[:3] == ["unreachable", "failing", "through"]
-                assert not seen().lost
-                assert await leased(http) == {"p0"}
-            assert await leased(http) == set()
-
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize("kind", KEEPERS)
-def test_a_renewal_naming_another_proxy_url_is_taken(tmp_path: Path, kind: str) -> None:
-    async def run() -> None:
-        async with (
-            renewing(tmp_path, ["moved"]) as (_, planned, renewals),
-            one_lease(kind, planned, ttl=1.2) as seen,
-        ):
-            assert httpx.URL(seen().url).port == 4100
-            await eventually(lambda: httpx.URL(seen().url).port == MOVED_PORT)
-            assert renewals.got[0] == "moved" and not seen().lost
-
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize("kind", KEEPERS)
-def test_a_lease_the_service_ended_is_lost(tmp_path: Path, kind: str) -> None:
-    async def run() -> None:
-        async with renewing(tmp_path, []) as (http, planned, renewals):
-            async with one_lease(kind, planned, ttl=1.0) as seen:
-                assert (await http.delete(f"/v1/leases/{seen().id}")).status_code == 204
-                await eventually(lambda: seen().lost)  # the next renewal heard 404
-            assert renewals.got == ["through"]
-
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize("kind", KEEPERS)
-def test_a_lease_that_ran_out_while_no_renewal_got_through_is_lost(
-    tmp_path: Path, kind: str
-) -> None:
-    async def run() -> None:
-        async with renewing(tmp_path, [], then="unreachable") as (http, planned, renewals):
-            async with one_lease(kind, planned, ttl=1.0) as seen:
-                await eventually(lambda: seen().lost)
-                assert len(renewals.got) >= 2  # tried again after the first failure
-                assert set(renewals.got) == {"unreachable"}
-            assert await leased(http) == set()
-
-    asyncio.run(run())
-
-
-def test_the_httpx_transport_sends_through_the_url_a_renewal_names(tmp_path: Path) -> None:
-    def page(text: str) -> Callable[[httpx.Request], httpx.Response]:
-        return lambda request: httpx.Response(200, content=text.encode())
-
-    proxy = proxies_answering({4100: page("old"), MOVED_PORT: page("moved")})
-
-    async def run() -> None:
-        async with renewing(tmp_path, ["moved"]) as (_, planned, renewals):
-            transport = AsyncDiscoveryTransport(
-                URL, http=planned, ttl=1.2, idle=None, proxy_transport=proxy
-            )
-            async with httpx.AsyncClient(transport=transport) as client:
-                assert (await client.get("http://shop.example/a")).text == "old"
-                [held] = transport.pool.leases()
-                await eventually(lambda: httpx.URL(held.url).port == MOVED_PORT)
-                assert renewals.got == ["moved"]
-                assert (await client.get("http://shop.example/b")).text == "moved"
-            assert transport.stats["leases/granted"] == 1
-
-    asyncio.run(run())
-    assert proxy.seen == {4100: ["/a"], MOVED_PORT: ["/b"]}
 
 
 # -- one verdict: the httpx transport and the Scrapy middleware ------------------------------

@@ -8,8 +8,9 @@ it, through httpx.ASGITransport, with health verdicts from a fake) and, for
 the transports, proxies answered by httpx.MockTransport. A test uses
 sockets for what only sockets show (the sync transport's thread and
 streamed bodies). The rules the pool shares with alease() (refusals, an
-unreachable service, renewal) and the transports with the Scrapy middleware
-(the verdict) are tested against both in test_client_shared_rules.py. The
+unreachable service) and the transports with the Scrapy middleware (the
+verdict) are tested against both in test_client_shared_rules.py, the renew
+loop against each of its users in test_client_renewals.py. The
 real crawls through squids are in test_crawlers.py."""
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 answer through a proxy (the httpx transports, the Scrapy middleware and the
 gateway apply it), retry counting, the renewal schedule (alease() and the
 pool run it), and the options with their defaults. How the adapters and the
-loops apply them: tests/integration/test_client_shared_rules.py."""
+loops apply them: tests/integration/test_client_shared_rules.py and
+test_client_renewals.py."""
 
 from __future__ import annotations
 

@@ -13,14 +13,15 @@ While nothing is free (409) or the service cannot be reached it asks again
 the background; it releases it when the block ends, also on an exception.
 Both run the pool's own loops (_leasing.py). The token defaults to
 $DISCOVERY_TOKEN. `lease()` is `alease()` run on an event loop in a thread
-of its own: one implementation.
+of its own: one implementation. Both take `sleep` and `clock` (the time
+they wait out and read: _leasing.py's seams for tests) and `http` (an
+httpx.AsyncClient to the service, used on the loop that runs the lease).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import httpx
 
 from egress_proxies_client._api import LeaseApi
 from egress_proxies_client._errors import DiscoveryError
-from egress_proxies_client._leasing import Sleep, ask, keep, within
+from egress_proxies_client._leasing import SYSTEM_CLOCK, Clock, Sleep, ask, keep, within
 from egress_proxies_client._loop import LoopThread
 from egress_proxies_client._options import BLOCK_WAIT, Options
 from egress_proxies_client._protocol import Granted, Outcome, grant_body
@@ -60,6 +61,7 @@ class AsyncLease:
     target: str | None
     _api: LeaseApi = field(repr=False)
     lost: bool = False  # the service said the lease is gone (expired, proxy left the fleet)
+    _clock: Clock = field(default=SYSTEM_CLOCK, repr=False)
 
     async def report(self, outcome: Outcome, target: str | None = None) -> None:
         """Tells the service how the proxy did; `target` defaults to the lease's."""
@@ -78,7 +80,7 @@ class AsyncLease:
         self.expires_at = datetime.fromtimestamp(renewed.expires_at, UTC)
 
     def seconds_left(self) -> float:
-        return self.expires_at.timestamp() - time.time()
+        return self.expires_at.timestamp() - self._clock.time()
 
 
 @asynccontextmanager
@@ -88,6 +90,7 @@ async def alease(
     *,
     http: httpx.AsyncClient | None = None,
     sleep: Sleep = asyncio.sleep,
+    clock: Clock = SYSTEM_CLOCK,
     **options: Unpack[LeaseOptions],
 ) -> AsyncIterator[AsyncLease]:
     """Holds a lease for the `async with` block (see the module's doc)."""
@@ -97,12 +100,12 @@ async def alease(
     try:
         body = grant_body(holder, target=target, ttl=given.ttl, chosen=given.selector())
         what = f"for {target}" if target else f"for {holder}"
-        got = await within(given.wait, sleep, what, lambda: ask(api, body))
-        handle = AsyncLease(got.id, got.holder, got.name, got.url, datetime.now(UTC), target, api)
-        handle.refresh(got)
+        got = await within(given.wait, sleep, what, lambda: ask(api, body, clock), clock)
+        when = datetime.fromtimestamp(got.expires_at, UTC)
+        handle = AsyncLease(got.id, got.holder, got.name, got.url, when, target, api, _clock=clock)
         renewer = None
         if options.get("renew", True):
-            renewer = asyncio.get_running_loop().create_task(_renew(handle, sleep))
+            renewer = asyncio.get_running_loop().create_task(_renew(handle, sleep, clock))
         try:
             yield handle
         except BaseException:
@@ -114,8 +117,8 @@ async def alease(
         await api.aclose()
 
 
-async def _renew(handle: AsyncLease, sleep: Sleep) -> None:
-    if await keep(handle._api, handle, sleep) == "lost":
+async def _renew(handle: AsyncLease, sleep: Sleep, clock: Clock) -> None:
+    if await keep(handle._api, handle, sleep, clock=clock) == "lost":
         handle.lost = True
 
 
@@ -161,11 +164,20 @@ class Lease:
 
 
 @contextmanager
-def lease(base_url: str, holder: str, **options: Unpack[LeaseOptions]) -> Iterator[Lease]:
-    """`alease()` for threads (see the module's doc)."""
+def lease(
+    base_url: str,
+    holder: str,
+    *,
+    http: httpx.AsyncClient | None = None,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = SYSTEM_CLOCK,
+    **options: Unpack[LeaseOptions],
+) -> Iterator[Lease]:
+    """`alease()` for threads (see the module's doc): `http` and `sleep` are
+    used on the lease's own loop."""
     loop = LoopThread(name=f"lease-{holder}"[:15])
     try:
-        manager = alease(base_url, holder, **options)
+        manager = alease(base_url, holder, http=http, sleep=sleep, clock=clock, **options)
         handle = loop.run(manager.__aenter__())
         try:
             yield Lease(handle, loop)

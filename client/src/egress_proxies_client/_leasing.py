@@ -15,6 +15,10 @@ backoff that doubles from FIRST_BACKOFF up to MAX_BACKOFF, and never later
 than a third of what is left. The lease is lost when the service says it
 ended (404) or when it ran out while no renewal got through. A renewal that
 names another proxy URL is taken (the proxy moved).
+
+Time is read from a `Clock` (the `time` module unless one is given), and
+waited out through a `Sleep`: the two seams that let a test move time
+itself instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Final, Literal, Protocol, TypeVar
 
 import httpx
 
@@ -36,6 +40,20 @@ logger = logging.getLogger("egress_proxies_client")
 Sleep = Callable[[float], Awaitable[None]]
 T = TypeVar("T")
 
+
+class Clock(Protocol):
+    """Where the loops read the time: `time()` (epoch seconds, what a lease's
+    end is compared with: the service's ends are epoch times) and
+    `monotonic()` (when to ask again or renew: never moved by a clock
+    change). The `time` module is one."""
+
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+
+SYSTEM_CLOCK: Final[Clock] = time
+
 UNREACHABLE_PAUSE = 1.0  # seconds before asking an unreachable service again
 MIN_PAUSE = 0.2  # no renewal sooner than this after the last one
 FIRST_BACKOFF = 0.5  # after one failed renewal; doubles with each one more
@@ -45,7 +63,7 @@ _TICK = 0.05  # the shortest sleep of a waiting loop
 
 @dataclass(frozen=True)
 class Refusal:
-    """No lease now: ask again at `at` (time.monotonic()); `retry_after` and
+    """No lease now: ask again at `at` (the clock's monotonic()); `retry_after` and
     `detail` say when and why, as NoProxyAvailable will. `denied`: the
     service answered 409 (else it could not be reached)."""
 
@@ -58,7 +76,9 @@ class Refusal:
 NOT_REFUSED = Refusal(0.0, 0.0, "")
 
 
-async def ask(api: LeaseApi, body: dict[str, object]) -> Granted | Refusal:
+async def ask(
+    api: LeaseApi, body: dict[str, object], clock: Clock = SYSTEM_CLOCK
+) -> Granted | Refusal:
     """One grant: the lease, or when to ask again."""
     try:
         answer = await api.grant(body)
@@ -66,28 +86,32 @@ async def ask(api: LeaseApi, body: dict[str, object]) -> Granted | Refusal:
         detail = f"the discovery service at {api.base_url} is unreachable ({exc!r})"
         logger.warning("%s", detail)
         pause = UNREACHABLE_PAUSE
-        return Refusal(time.monotonic() + pause, pause, detail, denied=False)
+        return Refusal(clock.monotonic() + pause, pause, detail, denied=False)
     if isinstance(answer, Denied):
-        return Refusal(time.monotonic() + answer.pause(), answer.retry_after, answer.detail)
+        return Refusal(clock.monotonic() + answer.pause(), answer.retry_after, answer.detail)
     return answer
 
 
 async def within(
-    wait: float, sleep: Sleep, what: str, attempt: Callable[[], Awaitable[T | Refusal]]
+    wait: float,
+    sleep: Sleep,
+    what: str,
+    attempt: Callable[[], Awaitable[T | Refusal]],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> T:
     """`attempt()` again at each refusal's time until it gives something, for
     at most `wait` seconds; then NoProxyAvailable (`what`: "for shop.example")."""
-    deadline = time.monotonic() + wait
+    deadline = clock.monotonic() + wait
     while True:
         got = await attempt()
         if not isinstance(got, Refusal):
             return got
-        left = deadline - time.monotonic()
+        left = deadline - clock.monotonic()
         if left <= 0:
             raise NoProxyAvailable(
                 f"no proxy {what} after waiting {wait:g} s: {got.detail}", got.retry_after
             )
-        await sleep(min(left, max(_TICK, got.at - time.monotonic())))
+        await sleep(min(left, max(_TICK, got.at - clock.monotonic())))
 
 
 def renew_pause(left: float, failures: int) -> float:
@@ -124,6 +148,7 @@ async def keep(
     lease: Kept,
     sleep: Sleep,
     *,
+    clock: Clock = SYSTEM_CLOCK,
     idle_in: Callable[[], float | None] = _never_idle,
 ) -> Literal["lost", "idle"]:
     """Renews `lease` until it is lost, or until `idle_in()` (seconds until
@@ -131,12 +156,12 @@ async def keep(
     the task to stop it sooner."""
     failures = 0
     while True:
-        due = time.monotonic() + renew_pause(lease.seconds_left(), failures)
+        due = clock.monotonic() + renew_pause(lease.seconds_left(), failures)
         while True:
             idle = idle_in()
             if idle is not None and idle <= 0:
                 return "idle"
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= due:
                 break
             await sleep(max(_TICK, due - now if idle is None else min(due - now, idle)))

@@ -30,7 +30,16 @@ import httpx
 from egress_proxies_client._api import LeaseApi
 from egress_proxies_client._bans import target_of
 from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable, PoolClosed
-from egress_proxies_client._leasing import NOT_REFUSED, Refusal, Sleep, ask, keep, within
+from egress_proxies_client._leasing import (
+    NOT_REFUSED,
+    SYSTEM_CLOCK,
+    Clock,
+    Refusal,
+    Sleep,
+    ask,
+    keep,
+    within,
+)
 from egress_proxies_client._options import Options, PoolSettings
 from egress_proxies_client._protocol import Granted, Outcome, grant_body
 
@@ -49,11 +58,12 @@ class Held:
     ttl: float  # as granted
     in_flight: int = 0
     uses: int = 0
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)  # the clock's monotonic()
     dropped: bool = False
+    clock: Clock = field(default=SYSTEM_CLOCK, repr=False)
 
     def seconds_left(self) -> float:
-        return self.expires_at - time.time()
+        return self.expires_at - self.clock.time()
 
     def refresh(self, renewed: Granted) -> None:
         """Takes a renewal's end and proxy URL (the proxy may have moved: the
@@ -97,6 +107,7 @@ class LeasePool:
         on_drop: Callable[[Held], None] | None = None,
         http: httpx.AsyncClient | None = None,
         sleep: Sleep = asyncio.sleep,
+        clock: Clock = SYSTEM_CLOCK,
         **settings: Unpack[PoolSettings],
     ) -> None:
         self.options = Options(**settings)
@@ -106,6 +117,7 @@ class LeasePool:
         self._on_drop = on_drop
         self._api = LeaseApi(base_url, token=self.options.token, http=http)
         self._sleep = sleep
+        self._clock = clock
         self._sites: dict[str, _Site] = {}
         self._by_id: dict[str, Held] = {}
         self._keepers: dict[str, asyncio.Task[None]] = {}
@@ -118,7 +130,11 @@ class LeasePool:
         state = self._sites.setdefault(site, _Site())
         try:
             return await within(
-                self.options.wait, self._sleep, f"for {site}", lambda: self._step(site, state)
+                self.options.wait,
+                self._sleep,
+                f"for {site}",
+                lambda: self._step(site, state),
+                self._clock,
             )
         except NoProxyAvailable:
             self._count("no_proxy", 1)
@@ -131,7 +147,7 @@ class LeasePool:
     def done(self, held: Held) -> None:
         """One request through `held` has ended."""
         held.in_flight = max(0, held.in_flight - 1)
-        held.last_used = time.monotonic()
+        held.last_used = self._clock.monotonic()
 
     async def blocked(self, held: Held) -> bool:
         """The site banned this proxy: report `blocked` for the site, release, use
@@ -174,7 +190,7 @@ class LeasePool:
         held = min(state.leases, key=lambda h: (h.in_flight, h.uses))
         held.in_flight += 1
         held.uses += 1
-        held.last_used = time.monotonic()
+        held.last_used = self._clock.monotonic()
         return held
 
     async def _step(self, site: str, state: _Site) -> Held | Refusal:
@@ -185,12 +201,13 @@ class LeasePool:
         if state.leases and (
             state.granting
             or len(state.leases) >= self.options.per_site
-            or time.monotonic() < state.refused.at
+            or self._clock.monotonic() < state.refused.at
         ):
             return self._use(state)
         async with state.lock:
             self._check_open()
-            if len(state.leases) < self.options.per_site and time.monotonic() >= state.refused.at:
+            ready = self._clock.monotonic() >= state.refused.at
+            if len(state.leases) < self.options.per_site and ready:
                 state.granting = True
                 try:
                     await self._grant(site, state)
@@ -207,7 +224,7 @@ class LeasePool:
             ttl=self.options.ttl,
             chosen=self.options.selector(),
         )
-        got = await ask(self._api, body)
+        got = await ask(self._api, body, self._clock)
         if isinstance(got, Refusal):
             state.refused = got
             if got.denied:
@@ -222,7 +239,9 @@ class LeasePool:
             name=got.name,
             url=got.url,
             expires_at=got.expires_at,
-            ttl=max(1.0, got.expires_at - time.time()),
+            ttl=max(1.0, got.expires_at - self._clock.time()),
+            last_used=self._clock.monotonic(),
+            clock=self._clock,
         )
         self._count("leases/granted", 1)
         logger.info("leased proxy %s for %s (lease %s)", held.name, site, held.id)
@@ -238,7 +257,9 @@ class LeasePool:
 
     async def _keep(self, held: Held) -> None:
         """Renews `held` (the one renew loop); gives it back when idle."""
-        ending = await keep(self._api, held, self._sleep, idle_in=lambda: self._idle_in(held))
+        ending = await keep(
+            self._api, held, self._sleep, clock=self._clock, idle_in=lambda: self._idle_in(held)
+        )
         self._forget(held)
         if ending == "lost":
             self._count("leases/lost", 1)
@@ -247,7 +268,7 @@ class LeasePool:
             )
             return
         self._count("leases/idle", 1)
-        unused = time.monotonic() - held.last_used
+        unused = self._clock.monotonic() - held.last_used
         logger.info("giving back proxy %s (unused for %.0f s)", held.name, unused)
         await self._release(held)
 
@@ -258,7 +279,7 @@ class LeasePool:
             return None
         if held.in_flight:
             return idle  # looked at again then, at the latest
-        return held.last_used + idle - time.monotonic()
+        return held.last_used + idle - self._clock.monotonic()
 
     async def _give_up(self, held: Held, outcome: Outcome) -> bool:
         if held.dropped:

@@ -28,6 +28,7 @@ give your own for `verify`, `http2`, limits, retries.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from egress_proxies_client._bans import (
     needs_body,
     site_of,
 )
+from egress_proxies_client._leasing import SYSTEM_CLOCK, Clock, Sleep
 from egress_proxies_client._loop import LoopThread
 from egress_proxies_client._options import Options, PoolSettings
 from egress_proxies_client._pool import Held, LeasePool
@@ -61,6 +63,8 @@ class RotationOptions(PoolSettings, total=False):
     ban_retries: int  # sends of one request through other proxies after bans
     proxy_transport: ProxyTransport | None
     http: httpx.AsyncClient | None  # to the discovery service (tests: ASGITransport)
+    sleep: Sleep  # how the pool waits (default asyncio.sleep; tests: their own time)
+    clock: Clock  # where the pool reads the time (default the `time` module)
 
 
 @dataclass
@@ -122,6 +126,8 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
             count=self._count,
             on_drop=self._dropped,
             http=options.get("http"),
+            sleep=options.get("sleep", asyncio.sleep),
+            clock=options.get("clock", SYSTEM_CLOCK),
             **chosen.pool_settings(),
         )
         self._rotation = Rotation(
