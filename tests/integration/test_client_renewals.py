@@ -19,18 +19,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from scrapy import Request, Spider
+from scrapy.http import Response
+from scrapy.utils.test import get_crawler
 
 from egress_proxies_client import (
+    AsyncDiscoveryTransport,
+    BanPolicy,
+    DiscoveryTransport,
     LeasePool,
     alease,
     lease,
 )
 from egress_proxies_client._loop import LoopThread
+from egress_proxies_client.scrapy import DiscoveryProxyMiddleware
 from tests.support.client_time import EPOCH, StoppedClock
-from tests.support.crawler_pool import fleet_settings
+from tests.support.crawler_pool import fleet_settings, proxies_answering
 from tests.support.discovery import ServerThread
 
 MOVED_PORT = 4199  # where a renewal says the proxy moved to
@@ -213,3 +221,111 @@ def test_a_lease_the_service_ended_is_lost_at_the_next_renewal(tmp_path: Path, k
         w.clock.wake()
         assert w.clock.next_sleep(ended=lambda: seen().lost) == 0.0
         assert w.renewals.got == ["through"]  # the service said 404
+
+
+@pytest.mark.parametrize("kind", KEEPERS)
+def test_a_renewal_naming_another_proxy_url_is_taken(tmp_path: Path, kind: str) -> None:
+    with world(tmp_path, ["moved"]) as w, holding(kind, w) as seen:
+        assert httpx.URL(seen().url).port == 4100
+        w.clock.next_sleep()
+        w.step()
+        assert w.renewals.got == ["moved"]
+        now = seen()
+        assert (httpx.URL(now.url).port, now.lost) == (MOVED_PORT, False)
+
+
+def page(text: str) -> Callable[[httpx.Request], httpx.Response]:
+    return lambda request: httpx.Response(200, content=text.encode())
+
+
+@pytest.mark.parametrize("adapter", ["httpx-async", "httpx-sync", "scrapy"])
+def test_the_next_request_goes_through_the_url_a_renewal_names(
+    tmp_path: Path, adapter: str
+) -> None:
+    proxy = proxies_answering({4100: page("old"), MOVED_PORT: page("moved")})
+    with world(tmp_path, ["moved"]) as w:
+        send = {"httpx-async": async_sender, "httpx-sync": sync_sender, "scrapy": scrapy_sender}
+        with send[adapter](w, proxy) as get:
+            assert get("/a") == "old"
+            w.clock.next_sleep()
+            w.step()
+            assert w.renewals.got == ["moved"]
+            assert get("/b") == "moved"
+    assert proxy.seen == {4100: ["/a"], MOVED_PORT: ["/b"]}
+
+
+Sender = Callable[[str], str]
+
+
+@contextmanager
+def sync_sender(w: World, proxy: Any) -> Iterator[Sender]:
+    transport = DiscoveryTransport(w.server.url, **transport_options(w, proxy))
+    with httpx.Client(transport=transport) as client:
+        yield lambda path: client.get(f"http://shop.example{path}").text
+
+
+@contextmanager
+def async_sender(w: World, proxy: Any) -> Iterator[Sender]:
+    loop = LoopThread()
+    transport = AsyncDiscoveryTransport(w.server.url, **transport_options(w, proxy))
+    client = httpx.AsyncClient(transport=transport)
+
+    async def get(path: str) -> str:
+        return (await client.get(f"http://shop.example{path}")).text
+
+    try:
+        yield lambda path: loop.run(get(path))
+        loop.run(client.aclose())
+    finally:
+        loop.stop()
+
+
+def transport_options(w: World, proxy: Any) -> dict[str, Any]:
+    return {
+        "http": w.client(),
+        "sleep": w.clock.sleep,
+        "clock": w.clock,
+        "proxy_transport": proxy,
+        "idle": None,
+        "ttl": TTL,
+        "wait": 0.0,
+        "token": "",
+    }
+
+
+@contextmanager
+def scrapy_sender(w: World, proxy: Any) -> Iterator[Sender]:
+    """The middleware's hooks as the engine calls them; the download itself
+    through the proxy its request names."""
+    loop = LoopThread()
+    leases = LeasePool(
+        w.server.url,
+        holder="scrapy",
+        http=w.client(),
+        sleep=w.clock.sleep,
+        clock=w.clock,
+        idle=None,
+        ttl=TTL,
+        wait=0.0,
+        token="",
+    )
+    middleware = DiscoveryProxyMiddleware(
+        get_crawler(Spider), leases, BanPolicy(), ban_retries=5, error_exceptions=()
+    )
+
+    async def get(path: str) -> str:
+        request = Request(f"http://shop.example{path}")
+        await middleware.process_request(request)
+        through = proxy(request.meta["proxy"])
+        async with httpx.AsyncClient(transport=through) as direct:
+            answer = await direct.get(request.url)
+        response = Response(request.url, status=answer.status_code, body=answer.content)
+        got = await middleware.process_response(request, response)
+        assert isinstance(got, Response)
+        return got.body.decode()
+
+    try:
+        yield lambda path: loop.run(get(path))
+        loop.run(leases.aclose())
+    finally:
+        loop.stop()
