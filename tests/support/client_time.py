@@ -60,7 +60,7 @@ class StoppedClock:
                     self._parked.remove(parked)
                 self._changed.notify_all()
 
-    def next_sleep(self, ended: Callable[[], bool] = lambda: False, timeout: float = 5.0) -> float:
+    def next_sleep(self, ended: Callable[[], bool] = lambda: False, timeout: float = 30.0) -> float:
         """Waits until the client sleeps (returns the seconds it asked) or
         `ended()`, which returns 0.0. `timeout` is a guard against a client
         that stopped: what it measures is never asserted."""
