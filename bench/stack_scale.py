@@ -20,7 +20,8 @@ the rest of a stack's life through the real CLI on simulated hosts
 driver in the provider process): `up`, a no-change `preview`, `refresh` and
 `destroy`, the floor program's `up` and `destroy` of as many resources
 beside them, and the state's size per proxy (`pulumi stack export`) against
-the floor's per resource.
+the floor's per resource and the goal (issue 42: at most 12 KiB per proxy),
+with the bytes per proxy of each kind of resource in it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import re
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
 from bench._sampling import Run, Sampler, Usage
 from tests.support.baseimages import random_qcow2, serve
@@ -40,6 +42,7 @@ from tests.support.pulumi_cli import ROOT, CliStack
 from tests.support.simulated_fleet import fleet_config, simulated_env
 
 HOSTS = 10
+STATE_GOAL_KIB = 12.0  # per kvm proxy, in `pulumi stack export` (issue 42)
 
 
 def timed(stack: CliStack, *args: str, resources: int = 0) -> Run:
@@ -97,8 +100,23 @@ def floor_stack(where: Path, resources: int, env: dict[str, str]) -> CliStack:
     )
 
 
-def _state_bytes(stack: CliStack) -> int:
-    return len(json.dumps(stack.export()).encode())
+def _size(value: object) -> int:
+    return len(json.dumps(value).encode())
+
+
+def state_by_kind(state: dict[str, Any]) -> dict[str, int]:
+    """Bytes of each kind of resource in an export (the resource's JSON):
+    kvm resources by their name's last word (seed, overlay, domain), the
+    base images as `image`, others by type."""
+    kinds: dict[str, int] = {}
+    for resource in state["deployment"].get("resources") or []:
+        name = resource["urn"].rsplit("::", 1)[1]
+        if resource["type"] == "pulumi-python:dynamic:Resource":
+            kind = "image" if "-image-" in name else name.rsplit("-", 1)[1]
+        else:
+            kind = resource["type"].rsplit(":", 1)[1]
+        kinds[kind] = kinds.get(kind, 0) + _size(resource)
+    return kinds
 
 
 def lifecycle(size: int, where: Path, image_url: str, env: dict[str, str], mode: str) -> None:
@@ -112,11 +130,12 @@ def lifecycle(size: int, where: Path, image_url: str, env: dict[str, str], mode:
         env | simulated_env(where / "hosts"),
     )
     up = timed(stack, "up", "--yes", "--skip-preview")
-    up.resources = resources = len(stack.resources())
-    state = _state_bytes(stack)
+    exported = stack.export()
+    up.resources = resources = len(exported["deployment"]["resources"])
+    state = _size(exported)
     floor = floor_stack(where, resources, env)
     floor_up = timed(floor, "up", "--yes", "--skip-preview", resources=resources)
-    floor_state = _state_bytes(floor)
+    floor_state = _size(floor.export())
     report(f"floor up, {mode}", size, floor_up, None, None)
     report(f"up, {mode}", size, up, None, floor_up)
     steps = (
@@ -135,7 +154,15 @@ def lifecycle(size: int, where: Path, image_url: str, env: dict[str, str], mode:
         f"{state / 1024:7.0f} KiB = {state / size / 1024:5.2f} KiB/proxy; "
         f"floor {per_resource / 1024:4.2f} KiB/resource, "
         f"{per_resource * resources / size / 1024:5.2f} KiB/proxy at "
-        f"{resources / size:.2f} resources/proxy (x floor {state / (per_resource * resources):.2f})",
+        f"{resources / size:.2f} resources/proxy (x floor {state / (per_resource * resources):.2f}); "
+        f"goal <= {STATE_GOAL_KIB:.0f} KiB/proxy: "
+        + ("met" if state / size / 1024 <= STATE_GOAL_KIB else "NOT met"),
+        flush=True,
+    )
+    kinds = sorted(state_by_kind(exported).items(), key=lambda kind: -kind[1])
+    print(
+        f"state by kind {size:4d} proxies, bytes/proxy: "
+        + ", ".join(f"{kind} {total / size:,.0f}" for kind, total in kinds),
         flush=True,
     )
 

@@ -14,6 +14,7 @@ from proxyinfra.manifest import Manifest
 from proxyinfra.names import proxy_id
 from proxyinfra.partial import Ticket, merged_proxies
 from proxyinfra.registry import backends
+from proxyinfra.stacktrace import short_stack_trace
 
 PROXY_TYPE = "egress-proxies:fleet:Proxy"
 
@@ -31,7 +32,8 @@ class Proxy(pulumi.ComponentResource):
         config: StackConfig,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        super().__init__(PROXY_TYPE, replica.name, None, opts)
+        with short_stack_trace():
+            super().__init__(PROXY_TYPE, replica.name, None, opts)
         project, stack = pulumi.get_project(), pulumi.get_stack()
         self.proxy_id = proxy_id(project, stack, replica.name)
         credentials = None

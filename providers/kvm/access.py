@@ -13,6 +13,21 @@ from typing import Any
 from providers.kvm.config import KvmHost, KvmProviderEntry
 from proxyinfra.config import resolve_path
 
+# What a host's settings mostly are, left out of its props: every kvm
+# resource keeps them in its inputs and again in its outputs, six copies per
+# proxy in the state. Constants of their own, not the config's defaults, so a
+# state reads the same whatever later releases make those. A value left out
+# means this one (an old state, with every key, reads the same).
+LEFT_OUT: dict[str, Any] = {
+    "port": 22,
+    "insecure_ignore_host_key": False,
+    "socket": "/var/run/libvirt/libvirt-sock",
+    "pool": "default",
+    "known_hosts_file": None,
+    "bridge": None,
+    "network": None,
+}
+
 
 @dataclass(frozen=True)
 class HostAccess:
@@ -59,12 +74,15 @@ class HostAccess:
         )
 
     def to_props(self) -> dict[str, Any]:
-        """As a resource input (providers rebuild it with :meth:`from_props`)."""
-        return asdict(self)
+        """As a resource input (providers rebuild it with :meth:`from_props`):
+        the values that are the ones in LEFT_OUT are left out."""
+        return {k: v for k, v in asdict(self).items() if k not in LEFT_OUT or v != LEFT_OUT[k]}
 
     @classmethod
     def from_props(cls, props: dict[str, Any]) -> HostAccess:
-        values: dict[str, Any] = {f.name: props.get(f.name) for f in fields(cls)}
+        values: dict[str, Any] = {
+            f.name: props.get(f.name, LEFT_OUT.get(f.name)) for f in fields(cls)
+        }
         values["port"] = int(values["port"])  # numbers cross the engine as floats
         values["insecure_ignore_host_key"] = bool(values["insecure_ignore_host_key"])
         return cls(**values)

@@ -101,7 +101,8 @@ def _is_unknown(value: Any) -> bool:
 def _comparable(spec: _Spec, value: Any) -> Any:
     """A value as diff compares it: host settings as HostAccess (ports come
     back as floats), empty optional strings as None."""
-    if spec.convert is HostAccess.from_props and isinstance(value, dict):
+    # `==`: each access to a classmethod makes a new bound method.
+    if spec.convert == HostAccess.from_props and isinstance(value, dict):
         try:
             return HostAccess.from_props(value)
         except (TypeError, ValueError, KeyError):

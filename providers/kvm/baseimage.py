@@ -78,6 +78,7 @@ from providers.kvm.volumes import (
     upload,
     volume_xml,
 )
+from proxyinfra.stacktrace import short_stack_trace
 
 # -- the provider ---------------------------------------------------------------------------
 
@@ -342,7 +343,8 @@ class BaseImage(pulumi.dynamic.Resource):
         # No defaults here: the config's (providers/kvm/config.py) are the only ones.
         outs = {"path": None, "digest": None, "size": None, "cached": None}
         props = args.to_props() | outs
-        super().__init__(BaseImageProvider(), resource_name, props, opts)
+        with short_stack_trace():
+            super().__init__(BaseImageProvider(), resource_name, props, opts)
 
 
 __all__ = ["BaseImage", "BaseImageArgs", "BaseImageProvider", "Image", "input_failures"]

@@ -45,6 +45,7 @@ from providers.kvm.errors import CapacityError, KvmError
 from providers.kvm.resource import KvmProvider
 from providers.kvm.trace import state_name
 from providers.kvm.volumes import human
+from proxyinfra.stacktrace import short_stack_trace
 
 UNDEFINE_FLAGS = (
     libvirt.VIR_DOMAIN_UNDEFINE_NVRAM
@@ -368,8 +369,8 @@ def read_back(info: DomainInfo, props: dict[str, Any]) -> dict[str, Any]:
 
 
 def _same_value(old: Any, new: Any) -> bool:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {k: v or None for k, v in old.items()} == {k: v or None for k, v in new.items()}
+    if isinstance(old, dict) and isinstance(new, dict):  # a key left out is None (HostAccess)
+        return all((old.get(k) or None) == (new.get(k) or None) for k in old.keys() | new.keys())
     return bool(old == new)
 
 
@@ -439,9 +440,11 @@ class ProxyDomain(pulumi.dynamic.Resource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         outputs: dict[str, Any] = {"ip": None, "mac": None, "state": None, "created": None}
-        super().__init__(
-            ProxyDomainProvider(),
-            name,
-            {**args.to_props(), **outputs},
-            pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
-        )
+        fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
+        with short_stack_trace():
+            super().__init__(
+                ProxyDomainProvider(),
+                name,
+                {**args.to_props(), **outputs},
+                pulumi.ResourceOptions.merge(opts, fixed_name),
+            )

@@ -46,6 +46,7 @@ from providers.kvm.volumes import (
     require_space,
     volume_xml,
 )
+from proxyinfra.stacktrace import short_stack_trace
 
 FORMATS = ("qcow2", "raw")
 MAX_SIZE_GB = 65536  # the config's own bound on diskSizeGb
@@ -286,9 +287,13 @@ class Overlay(pulumi.dynamic.Resource):
     ) -> None:
         props = {**args.to_props(), "path": None, "capacity": None}
         fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
-        super().__init__(
-            OverlayProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, fixed_name)
-        )
+        with short_stack_trace():
+            super().__init__(
+                OverlayProvider(),
+                resource_name,
+                props,
+                pulumi.ResourceOptions.merge(opts, fixed_name),
+            )
 
 
 __all__ = ["Overlay", "OverlayArgs", "OverlayProvider"]

@@ -17,6 +17,12 @@ name is fixed per proxy, so the old one is deleted first.
 A seed volume that already exists when create runs (a create killed half way)
 is replaced: its content is derived entirely from the inputs, unlike an
 overlay's, so nothing is lost.
+
+The documents are kept in the state once, in the inputs: the outputs keep a
+digest of each (``digests``, secret like the ISO's), which is all diff needs
+of them, and what delete and read need (``host``, ``name``). A state of an
+earlier release keeps the documents in the outputs too: diff compares those,
+and read (refresh) writes them as digests.
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ from providers.kvm.volumes import (
     upload,
     volume_xml,
 )
+from proxyinfra.stacktrace import short_stack_trace
 
 REQUIRED_DOCUMENTS = ("userData", "metaData")
 OPTIONAL_DOCUMENTS = ("vendorData", "networkConfig")
 DOCUMENTS = REQUIRED_DOCUMENTS + OPTIONAL_DOCUMENTS
-SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256"]
+DIGESTS = "digests"
+SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256", DIGESTS]
+# A document's digest in the outputs: for change detection only, so 128 bits.
+DIGEST_CHARS = 32
+# In diff's view of the state, a document whose digest no new input matches.
+_CHANGED = object()
 
 
 def _is_unknown(value: Any) -> bool:
@@ -89,6 +101,50 @@ def build_seed(props: dict[str, Any]) -> bytes:
     return build_nocloud_iso(args.user_data, args.meta_data, args.vendor_data, args.network_config)
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def document_digests(props: dict[str, Any]) -> dict[str, str]:
+    """The digest of each document PROPS hold (an empty optional one is none)."""
+    return {
+        key: _digest(props[key])
+        for key in DOCUMENTS
+        if isinstance(props.get(key), str) and props[key]
+    }
+
+
+def _stored(props: dict[str, Any], path: str, size: int, sha256: str) -> dict[str, Any]:
+    """The outputs: what delete and read need, and digests for diff; PROPS are
+    the inputs, or outputs of either form (an earlier one holds the documents)."""
+    digests = props.get(DIGESTS)
+    return {
+        "host": props["host"],
+        "name": props["name"],
+        "path": path,
+        "size": size,
+        "sha256": sha256,
+        DIGESTS: digests if isinstance(digests, dict) else document_digests(props),
+    }
+
+
+def _with_documents(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """The state as diff compares it with NEWS: outputs of an earlier release
+    hold the documents themselves; these hold digests, and where a new
+    document has the digest kept, the state holds that document."""
+    digests = olds.get(DIGESTS)
+    if not isinstance(digests, dict):
+        return olds
+    view = {k: v for k, v in olds.items() if k not in DOCUMENTS}
+    for key in DOCUMENTS:
+        new = news.get(key)
+        if isinstance(new, str) and new and digests.get(key) == _digest(new):
+            view[key] = new
+        elif key in digests:
+            view[key] = _CHANGED
+    return view
+
+
 class SeedIsoProvider(VolumeProvider):
     kind = "seed"
 
@@ -100,7 +156,7 @@ class SeedIsoProvider(VolumeProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = SeedArgs.changed(olds, news, Change.REPLACE)
+        replaces = SeedArgs.changed(_with_documents(olds, news), news, Change.REPLACE)
         return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=True)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -123,23 +179,19 @@ class SeedIsoProvider(VolumeProvider):
             self._discard(props, error)
             raise
         log.info("seed uploaded to %s (%s)", path, human(len(image)))
-        outs = {
-            **props,
-            "path": path,
-            "size": len(image),
-            "sha256": hashlib.sha256(image).hexdigest(),
-        }
+        outs = _stored(props, path, len(image), hashlib.sha256(image).hexdigest())
         return CreateResult(id_=name, outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        args = _args(props)
+        # The outputs hold no documents (and an earlier release's all of them).
         conn = self.connection(props).libvirt()
-        vol = lookup_volume(lookup_pool(conn, args.host), args.name)
+        vol = lookup_volume(lookup_pool(conn, self.access(props)), props["name"])
         if vol is None:
             return ReadResult(id_="", outs={})
         info = parse_volume_xml(vol.XMLDesc(0))
         # The content is not read back: sha256 stays what was uploaded.
-        return ReadResult(id_=id_, outs={**props, "path": info.path, "size": info.capacity})
+        outs = _stored(props, info.path, info.capacity, props.get("sha256", ""))
+        return ReadResult(id_=id_, outs=outs)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -155,8 +207,9 @@ def _secret(value: pulumi.Input[str] | None) -> pulumi.Input[str] | None:
 
 class SeedIso(pulumi.dynamic.Resource):
     """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
-    ``vendorData``, ``networkConfig``; outputs those plus ``path``, ``size``
-    (bytes) and ``sha256`` of the ISO (secret)."""
+    ``vendorData``, ``networkConfig``; outputs ``host``, ``name``, ``path``,
+    ``size`` (bytes), ``sha256`` of the ISO and ``digests`` of the documents
+    (both secret)."""
 
     path: pulumi.Output[str]
     size: pulumi.Output[float]
@@ -180,9 +233,10 @@ class SeedIso(pulumi.dynamic.Resource):
         options = pulumi.ResourceOptions(
             additional_secret_outputs=SECRET_OUTPUTS, delete_before_replace=True
         )
-        super().__init__(
-            SeedIsoProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, options)
-        )
+        with short_stack_trace():
+            super().__init__(
+                SeedIsoProvider(), resource_name, props, pulumi.ResourceOptions.merge(opts, options)
+            )
 
 
-__all__ = ["SeedArgs", "SeedIso", "SeedIsoProvider", "build_seed"]
+__all__ = ["SeedArgs", "SeedIso", "SeedIsoProvider", "build_seed", "document_digests"]
