@@ -235,6 +235,13 @@ class PhaseResult:
     errors: dict[str, int]
     server_cpu: float  # CPU seconds the server used per wall second
     threads: dict[str, float]  # CPU seconds per server thread during the phase
+    database_cpu: float | None = None  # PostgreSQL's CPU seconds during the phase
+
+    @property
+    def database_us_per_pair(self) -> float | None:
+        if self.database_cpu is None:
+            return None
+        return self.database_cpu / max(1, self.pairs) * 1e6
 
     @property
     def pairs_per_s(self) -> float:
@@ -258,6 +265,11 @@ class PhaseResult:
             f"request p50 {pct(self.request_ms, 0.5):6.2f} ms  p99 {pct(self.request_ms, 0.99):7.2f} ms  "
             f"server CPU {self.server_cpu:4.2f} ({self.cpu_us_per_pair:5.0f} us/pair)  "
             f"errors {sum(self.errors.values())}"
+            + (
+                f"  PostgreSQL CPU {self.database_us_per_pair:5.0f} us/pair"
+                if self.database_us_per_pair is not None
+                else ""
+            )
         )
 
     def summary(self) -> dict[str, Any]:
@@ -282,7 +294,28 @@ class PhaseResult:
                 if cpu > 0
             },
             "errors": self.errors,
+            "database_cpu_us_per_pair": round(self.database_us_per_pair)
+            if self.database_us_per_pair is not None
+            else None,
         }
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of ROOT, its live children and the children it reaped:
+    PostgreSQL's postmaster and its backends."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == root:
+            total += sum(int(f) for f in fields[11:15]) / ticks
+        elif ppid == root:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -313,6 +346,7 @@ async def _phase(
     server_pids: list[int],
     leases: bool,
     rate: float | None = None,
+    database_pid: int | None = None,
 ) -> PhaseResult:
     """`rate`: pairs per second offered in all (each client paced at rate/clients,
     open loop); None: every client starts its next pair as soon as one ends.
@@ -384,6 +418,7 @@ async def _phase(
 
     await asyncio.sleep(0)
     threads_before: dict[str, float] = {}
+    database_before = 0.0
 
     def all_threads() -> dict[str, float]:
         total: dict[str, float] = {}
@@ -393,9 +428,11 @@ async def _phase(
         return total
 
     async def sample_cpu() -> None:
-        nonlocal threads_before
+        nonlocal threads_before, database_before
         await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
         threads_before = all_threads()
+        if database_pid is not None:
+            database_before = _tree_cpu(database_pid)
 
     sampler = loop.create_task(sample_cpu())
     # The load generator's own collections would be counted as the server's
@@ -408,12 +445,13 @@ async def _phase(
     finally:
         gc.enable()
     threads_after = all_threads()
+    database = _tree_cpu(database_pid) - database_before if database_pid is not None else None
     threads = {k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()}
     cpu = sum(threads.values()) / seconds
     for conn in connections:
         assert conn.transport is not None
         conn.transport.close()
-    return PhaseResult(name, pairs, seconds, pair_ms, request_ms, errors, cpu, threads)
+    return PhaseResult(name, pairs, seconds, pair_ms, request_ms, errors, cpu, threads, database)
 
 
 def _fleet(path: Path, proxies: int) -> None:
@@ -568,6 +606,7 @@ def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[P
         check=True,
     )
     url = started.stdout.strip().splitlines()[-1]
+    postmaster = int((ROOT / ".cache" / "postgres" / str(port) / "pid").read_text().split()[0])
     results = []
     servers: list[subprocess.Popen[bytes]] = []
     servers_ports: list[int] = []
@@ -591,6 +630,7 @@ def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[P
                         args.warmup,
                         [s.pid for s in servers[:count]],
                         True,
+                        database_pid=postmaster,
                     )
                 )
             )
@@ -717,10 +757,23 @@ def _print_ratios(results: list[PhaseResult]) -> None:
             p99 = result.summary()["pair_p99_ms"]
             print(f"open loop {result.name[6:]}: pair p99 {p99} ms (goal < 10 ms)")
     one, two = by_name.get("pg 1 replica"), by_name.get("pg 2 replicas")
-    if one is not None and two is not None:
+    if one is not None:
         print(
-            f"PostgreSQL: 2 replicas at {two.pairs_per_s / one.pairs_per_s:.2f}x one replica "
-            "(goal >= 1.6x)"
+            f"PostgreSQL: a replica's CPU per pair {one.cpu_us_per_pair:.0f} us, "
+            f"{one.cpu_us_per_pair / leases.cpu_us_per_pair:.2f}x SQLite's "
+            f"{leases.cpu_us_per_pair:.0f} us (goal <= 1.5x); PostgreSQL's own "
+            f"{one.database_us_per_pair or 0:.0f} us"
+        )
+    if one is not None and two is not None:
+        total_one = one.cpu_us_per_pair + (one.database_us_per_pair or 0)
+        total_two = two.cpu_us_per_pair + (two.database_us_per_pair or 0)
+        print(
+            f"PostgreSQL: 2 replicas at {two.pairs_per_s / one.pairs_per_s:.2f}x one replica's "
+            f"pairs/s; CPU per pair, replicas and PostgreSQL summed: {total_two:.0f} us with two, "
+            f"{total_one:.0f} us with one ({total_two / total_one:.2f}x, goal <= 1.0x; "
+            f"replicas {two.cpu_us_per_pair:.0f} against {one.cpu_us_per_pair:.0f}, "
+            f"PostgreSQL {two.database_us_per_pair or 0:.0f} against "
+            f"{one.database_us_per_pair or 0:.0f})"
         )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from discovery.book.contract import FleetChange, Lease, LeaseRecord, Outcome
@@ -52,9 +52,10 @@ from discovery.fleet import Fleet, FleetProxy
 from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres import fleets
+from discovery.postgres.batches import Batches
 from discovery.postgres.leadership import Leadership
 from discovery.postgres.rows import GrantRow
-from discovery.postgres.store import Pick, PostgresStore, StoreBusy
+from discovery.postgres.store import Pick, PostgresStore, StoreBusy, eligibility_key
 from discovery.selection import Selector
 from health.model import Health
 
@@ -64,6 +65,12 @@ T = TypeVar("T")
 
 # Grants in one transaction before a grant under contention gives up (503).
 GRANT_ATTEMPTS = 8
+# Requests one statement serves at most (batches.py); and statements of one
+# kind in flight at once: a request that finds them all busy waits for the
+# next, which serves it with the others that came meanwhile.
+GRANTS_PER_STATEMENT = 64
+RELEASES_PER_STATEMENT = 128
+STATEMENTS_IN_FLIGHT = 1
 
 
 class PostgresBook:
@@ -82,6 +89,12 @@ class PostgresBook:
         self._fleet: dict[str, FleetProxy] = {}
         self._new_id = LeaseIds()
         self._snapshot = StateSnapshot(0, 0, {str(h): 0 for h in Health})
+        self._grants = Batches(
+            self._grant_batch, most=GRANTS_PER_STATEMENT, in_flight=STATEMENTS_IN_FLIGHT
+        )
+        self._releases = Batches(
+            self._release_batch, most=RELEASES_PER_STATEMENT, in_flight=STATEMENTS_IN_FLIGHT
+        )
 
     # -- fleet ---------------------------------------------------------------------------
 
@@ -156,13 +169,13 @@ class PostgresBook:
 
     async def _take(self, pick: Pick) -> GrantRow | None:
         """The lease `pick` asks for; None when no proxy is eligible."""
-        async with self._store.statements() as db:  # the usual case: one round trip
-            row = await db.grant(pick)
+        # The usual case: one statement, shared with the grants that ask the same.
+        row = await self._grants.submit(eligibility_key(pick.wanted), pick)
         if row is not None:
             return row
         async with self._store.transaction() as db:
             for _ in range(GRANT_ATTEMPTS):
-                row = await db.grant(pick)
+                [row] = await db.grant([pick])
                 if row is not None:
                     return row
                 # Nothing picked: every eligible proxy was being taken by other
@@ -172,6 +185,13 @@ class PostgresBook:
                 if not await db.lock_one_free(pick):
                     return None
         raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
+
+    async def _grant_batch(self, _key: str, picks: Sequence[Pick]) -> list[GrantRow | None]:
+        async with self._store.statements() as db:
+            return await db.grant(picks)
+
+    async def _release_batch(self, _key: None, lease_ids: Sequence[str]) -> list[str | None]:
+        return await self._store.release(lease_ids)
 
     async def renew(self, lease_id: str, *, ttl: float | None) -> Lease:
         self._known(lease_id)
@@ -231,7 +251,7 @@ class PostgresBook:
 
     async def release(self, lease_id: str) -> None:
         self._known(lease_id)
-        proxy = await self._call(self._store.release(lease_id))
+        proxy = await self._call(self._releases.submit(None, lease_id))
         if proxy is None:
             raise await self._not_found(lease_id)
         self._metrics.released.inc()

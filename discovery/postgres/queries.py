@@ -35,27 +35,40 @@ LEASE_COLUMNS = f"""l.id, l.proxy, l.holder, l.target, l.ttl,
 # The lease's proxy is in this replica's fleet.
 LEASE_IS_MINE = f"EXISTS (SELECT 1 FROM discovery_proxies p WHERE p.name = l.proxy AND {MINE})"
 
-# One round trip: the least recently used eligible proxy (the lease contract's
-# order, which the index discovery_proxies_lru keeps), locked (rows another
-# grant holds are skipped: it is taking them), marked used and leased.
-# Whether a proxy is free is a column of its own row (lease_expires), not a
-# lookup in the lease table: a row another grant just took comes back to this
-# one's lock as its new version, and PostgreSQL checks the condition again on
-# that, so a proxy leased meanwhile is passed over instead of picked. An
-# expired lease of it may still be in the lease table: replaced in place (and
-# said so: `replaced` counts it as expired); a live one is never touched.
-GRANT = f"""WITH picked AS (
-        SELECT p.name FROM discovery_proxies p
-        WHERE {ELIGIBLE}
-        ORDER BY p.last_used ASC NULLS FIRST, p.name
-        LIMIT 1 FOR UPDATE OF p SKIP LOCKED),
+# One round trip for a batch of grants that ask the same of a proxy (the
+# eligibility parameters), each its own lease id, holder, target and TTL
+# (arrays, in the batch's order): the least recently used eligible proxies
+# (the lease contract's order, which the index discovery_proxies_lru keeps),
+# locked (rows another grant holds are skipped: it is taking them), marked
+# used and leased, the first to the first grant of the batch. Fewer eligible
+# than asked: the last grants get none (no row for their id). Whether a proxy
+# is free is a column of its own row (lease_expires), not a lookup in the
+# lease table: a row another grant just took comes back to this one's lock as
+# its new version, and PostgreSQL checks the condition again on that, so a
+# proxy leased meanwhile is passed over (and the next one taken) instead of
+# picked. An expired lease of it may still be in the lease table: replaced in
+# place (and said so: `replaced` counts it as expired); a live one is never
+# touched.
+GRANT = f"""WITH wanted AS (
+        SELECT * FROM unnest(%(ids)s::text[], %(holders)s::text[], %(targets)s::text[],
+                             %(ttls)s::float8[])
+            WITH ORDINALITY AS w(id, holder, target, ttl, n)),
+    picked AS (
+        SELECT free.name,
+               row_number() OVER (ORDER BY free.last_used ASC NULLS FIRST, free.name) AS n
+        FROM (SELECT p.name, p.last_used FROM discovery_proxies p
+              WHERE {ELIGIBLE}
+              ORDER BY p.last_used ASC NULLS FIRST, p.name
+              LIMIT cardinality(%(ids)s::text[]) FOR UPDATE OF p SKIP LOCKED) free),
     used AS (
         UPDATE discovery_proxies p
-        SET last_used = {NOW}, lease_expires = {NOW} + make_interval(secs => %(ttl)s)
-        FROM picked WHERE p.name = picked.name RETURNING p.name)
+        SET last_used = {NOW}, lease_expires = {NOW} + make_interval(secs => w.ttl)
+        FROM picked JOIN wanted w USING (n)
+        WHERE p.name = picked.name
+        RETURNING p.name, w.id, w.holder, w.target, w.ttl)
     INSERT INTO discovery_leases AS l (id, proxy, holder, target, ttl, granted_at, expires_at)
-    SELECT %(id)s, used.name, %(holder)s, %(target)s, %(ttl)s, {NOW},
-           {NOW} + make_interval(secs => %(ttl)s)
+    SELECT used.id, used.name, used.holder, used.target, used.ttl, {NOW},
+           {NOW} + make_interval(secs => used.ttl)
     FROM used
     ON CONFLICT (proxy) DO UPDATE SET id = excluded.id, holder = excluded.holder,
         target = excluded.target, ttl = excluded.ttl, granted_at = excluded.granted_at,
@@ -72,9 +85,9 @@ ONE_FREE = f"""SELECT p.name FROM discovery_proxies p WHERE {ELIGIBLE}
 LIVE_LEASE = f"""SELECT {LEASE_COLUMNS}, {EPOCH.format(NOW)} AS now FROM discovery_leases l
     WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE} FOR UPDATE"""
 
-# Renew (with the TTL the book decided) and release, each one statement: the
-# lease row and its proxy's lease_expires change together, and only on a
-# live lease of this fleet.
+# Renew (with the TTL the book decided) and release (a batch of lease ids),
+# each one statement: the lease row and its proxy's lease_expires change
+# together, and only on a live lease of this fleet.
 RENEW = f"""WITH renewed AS (
         UPDATE discovery_leases l
         SET ttl = %(ttl)s, expires_at = {NOW} + make_interval(secs => %(ttl)s)
@@ -87,11 +100,12 @@ RENEW = f"""WITH renewed AS (
 
 RELEASE = f"""WITH ended AS (
         DELETE FROM discovery_leases l
-        WHERE l.id = %(id)s AND l.expires_at > {NOW} AND {LEASE_IS_MINE}
-        RETURNING l.proxy)
-    UPDATE discovery_proxies p SET lease_expires = NULL
-    FROM ended WHERE p.name = ended.proxy
-    RETURNING p.name"""
+        WHERE l.id = ANY(%(ids)s::text[]) AND l.expires_at > {NOW} AND {LEASE_IS_MINE}
+        RETURNING l.id, l.proxy),
+    unmarked AS (
+        UPDATE discovery_proxies p SET lease_expires = NULL
+        FROM ended WHERE p.name = ended.proxy)
+    SELECT ended.id, ended.proxy FROM ended"""
 
 # A live lease whose proxy this replica's fleet lacks, ended: the replica
 # answers 404 for it, and 404 means the lease has ended for good (a proxy put

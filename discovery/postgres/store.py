@@ -213,11 +213,14 @@ class PostgresStore:
         async with self.connection(transaction=False) as conn:
             return await self.one(conn, Scopes, q.LEASE_COOLDOWNS, self.params(id=lease_id))
 
-    async def release(self, lease_id: str) -> str | None:
-        """Ends a live lease of this fleet; its proxy's name, or None when there was none."""
+    async def release(self, lease_ids: Sequence[str]) -> list[str | None]:
+        """Ends the live leases of this fleet among LEASE_IDS, in one
+        statement; per id, in order, its proxy's name, or None when there was
+        no such lease (an id given twice ends its lease once: the first)."""
         async with self.connection(transaction=False) as conn:
-            row = await (await conn.execute(q.RELEASE, self.params(id=lease_id))).fetchone()
-            return str(row[0]) if row else None
+            cur = await conn.execute(q.RELEASE, self.params(ids=list(lease_ids)))
+            ended = {str(lease): str(proxy) for lease, proxy in await cur.fetchall()}
+        return [ended.pop(lease, None) for lease in lease_ids]
 
     async def end_foreign(self, lease_id: str) -> str | None:
         """Ends a live lease on a proxy this replica's fleet lacks; its proxy's
@@ -346,11 +349,24 @@ class Db:
         self._store = store
         self._conn = conn
 
-    async def grant(self, pick: Pick) -> GrantRow | None:
-        """Leases the least recently used eligible proxy, in one statement;
-        None when none is eligible or every eligible one is being taken by
-        another grant (skipped, not waited for)."""
-        return await self._store.one(self._conn, GrantRow, q.GRANT, _pick_params(self._store, pick))
+    async def grant(self, picks: Sequence[Pick]) -> list[GrantRow | None]:
+        """Leases the least recently used eligible proxies to PICKS (which ask
+        the same of a proxy: one `eligibility_key`), in one statement; per
+        pick, in order, its lease, or None when no eligible proxy was left
+        for it or every one left is being taken by another grant (skipped,
+        not waited for)."""
+        first = picks[0]
+        params = self._store.params(
+            ids=[p.lease_id for p in picks],
+            holders=[p.holder for p in picks],
+            targets=[p.target for p in picks],
+            ttls=[p.ttl for p in picks],
+        )
+        rows = await self._store.all(
+            self._conn, GrantRow, q.GRANT, params | _eligibility_params(first.wanted)
+        )
+        granted = {row.id: row for row in rows}
+        return [granted.get(p.lease_id) for p in picks]
 
     async def lock_one_free(self, pick: Pick) -> bool:
         """Locks one eligible proxy no other grant holds, for this
@@ -405,6 +421,11 @@ def _eligibility_params(wanted: Eligibility) -> dict[str, Any]:
     }
 
 
+def eligibility_key(wanted: Eligibility) -> str:
+    """Grants with one key ask the same of a proxy: one GRANT serves them."""
+    return json.dumps(_eligibility_params(wanted), sort_keys=True)
+
+
 def _pick_params(store: PostgresStore, pick: Pick) -> dict[str, Any]:
     params = store.params(id=pick.lease_id, holder=pick.holder, target=pick.target, ttl=pick.ttl)
     return params | _eligibility_params(pick.wanted)
@@ -420,4 +441,4 @@ def _reason(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-__all__ = ["Db", "Pick", "PostgresStore", "StoreBusy"]
+__all__ = ["Db", "Pick", "PostgresStore", "StoreBusy", "eligibility_key"]
