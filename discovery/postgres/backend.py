@@ -1,11 +1,12 @@
 """A replica on the shared PostgreSQL store in the running service: the
 schema is migrated before the server starts; the database holds leases,
 cooldowns and health; each replica watches the database on a connection of
-its own, and one probes (leadership.py).
+its own, and holds the probing slot by which the replicas share the
+fleet's probing (leadership.py, sharing.py).
 
 The wiring production runs and the tests run alike: a test gives a clock
-(the store's time is the database's otherwise) and drives the leader's
-step itself (`leadership`)."""
+(the store's time is the database's otherwise) and drives the prober's
+steps itself (`leadership`)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ class PostgresBackend:
         self.leadership: Leadership | None = None  # from start() on
 
     @property
-    def leading(self) -> bool:
-        return self.leadership is not None and self.leadership.leading
+    def probing(self) -> bool:
+        """Whether this replica holds a probing slot (and probes its share)."""
+        return self.leadership is not None and self.leadership.probing
 
     def describe(self) -> str:
         return f"postgresql {self.store.database.shown}"
@@ -45,7 +47,7 @@ class PostgresBackend:
 
     async def start(self, fleet: Fleet, health: HealthSource, metrics: Metrics) -> LeaseBook:
         await self.store.open()
-        # The health engine probes only while this replica leads.
+        # The health engine probes this replica's share, while it holds a slot.
         self.leadership = Leadership(self.store, health, probe_interval=self._terms.probe_interval)
         book = PostgresBook(
             store=self.store, probes=self.leadership, metrics=metrics, terms=self._terms

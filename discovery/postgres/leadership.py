@@ -1,6 +1,6 @@
 """Each replica's own connection to the database, outside the pool: it says
-whether the database can be reached, and one replica at a time probes the
-proxies through it.
+whether the database can be reached, and holds the replica's probing slot
+(sharing.py), by which the live replicas share the fleet's probing.
 
 Reachability (readiness): a statement on this connection every round (at
 most a second apart), answered within CHECK_TIMEOUT_S, or the database is
@@ -8,25 +8,31 @@ unreachable (`PostgresStore.failure`) until one is answered again. Not the
 pool's: a busy replica's requests fill its pool while the database answers
 at once, and that is load (store.py), not an outage.
 
-Probing: the replica holding a session advisory lock on this connection
-runs the health engine. It probes its own fleet and the proxies only other
+Probing: every replica takes a probing slot (a session advisory lock) on
+this connection, and its round's statement is the read of the live slots
+(pg_locks). The proxies shared are its own fleet and the proxies only other
 replicas' fleets hold (read from the database, which holds how to reach
-them: fleets.py), so every proxy any replica serves is probed, once per
-interval by the whole set. It writes what its engine sees into the proxies'
-rows, which every replica reads for grants and `GET /v1/proxies`, and hands
-crawlers' `error` reports (each one) to its engine; that work runs on a
-second connection of its own, so neither a busy pool nor a slow write delays
-the check. When the leader dies, PostgreSQL drops its connection and with it
-the lock; another replica takes the lock at its next try (at most half a
-probe interval later) and probes from then on."""
+them: fleets.py), so every proxy any replica serves has a prober. The
+replica's engine is given its share alone (sharing.share): a proxy new to it
+is probed at once, the rest keep their schedule. It writes what its engine
+sees of its share into the proxies' rows, which every replica reads for
+grants and `GET /v1/proxies`, and hands crawlers' `error` reports on its
+share (each one) to its engine; that work runs on a second connection of
+its own, so neither a busy pool nor a slow write delays the check. When a
+replica dies, PostgreSQL drops its connection and its slot with it; the
+others see it at their next read (FLUSH_S) and probe its proxies from then
+on. A replica that loses its connection stops probing until it holds a slot
+again.
+
+The class keeps its name from when one replica led (book.py holds one)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
-from typing import Any, LiteralString
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -34,16 +40,24 @@ from discovery.book.errors import StoreError
 from discovery.book.rules import round_latency
 from discovery.health_source import HealthSource
 from discovery.logs import event
+from discovery.postgres import sharing
 from discovery.postgres.rows import HealthView
 from discovery.postgres.store import PostgresStore
 from health.model import Health, ProxyEndpoint
 
 log = logging.getLogger("discovery.shared")
 
-LEADER_LOCK = 0x6567_7265_7374  # held by the replica that runs the health probes
-FLUSH_S = 1.0  # how often the leader writes health changes and reads error reports
+FLUSH_S = 1.0  # how often a replica reads the live slots, writes health, reads error reports
 CHECK_TIMEOUT_S = 5.0  # a check unanswered this long: the database is unreachable
-NAMES_LOGGED = 20  # foreign proxies named in the log line, of however many
+NAMES_LOGGED = 20  # proxies named in a log line, of however many
+
+T = TypeVar("T")
+
+
+def _named(names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    more = ", ..." if len(ordered) > NAMES_LOGGED else ""
+    return ", ".join(ordered[:NAMES_LOGGED]) + more
 
 
 class Leadership:
@@ -55,12 +69,25 @@ class Leadership:
         self._retry = max(0.2, min(1.0, probe_interval / 2))
         self._written: dict[str, HealthView] = {}
         self._own: dict[str, ProxyEndpoint] = {}  # this replica's fleet
-        self._foreign: dict[str, ProxyEndpoint] = {}  # only other fleets': probed while leading
+        self._foreign: dict[str, ProxyEndpoint] = {}  # only other fleets'
+        self._slot: int | None = None  # this replica's probing slot, while it holds one
+        self._slots: list[int] = []  # the live slots, as last read
+        self._share: set[str] = set()  # the proxies this replica probes
         self._probed: list[ProxyEndpoint] | None = None  # what the engine was last given
+        self._said: tuple[list[int], set[str]] | None = None  # the last share logged
         self._work: psycopg.AsyncConnection[Any] | None = None
         self._syncing = asyncio.Lock()  # one round at a time on the work connection
         self._work_error: str | None = None
-        self.leading = False
+        self._no_slot_said = False
+
+    @property
+    def probing(self) -> bool:
+        """Whether this replica holds a probing slot (and probes its share)."""
+        return self._slot is not None
+
+    @property
+    def share(self) -> frozenset[str]:
+        return frozenset(self._share)
 
     # -- what the engine probes ------------------------------------------------------------
 
@@ -70,18 +97,41 @@ class Leadership:
         self._push()
 
     def _push(self) -> None:
-        probed = [*self._own.values()]
-        probed += [e for name, e in self._foreign.items() if name not in self._own]
+        """Gives the engine this replica's share of every proxy a replica serves;
+        called when the fleet, the foreign proxies or the live slots change
+        (the split costs a few hundred ms at 50,000 proxies)."""
+        everyone = {**self._foreign, **self._own}
+        if self._slot is None:
+            mine: set[str] = set()
+        else:
+            mine = sharing.share(everyone, self._slot, self._slots)
+        probed = [e for name, e in everyone.items() if name in mine]
         if probed != self._probed:
             self._engine.set_fleet(probed)
             self._probed = probed
+        if mine != self._share:
+            # What this replica wrote of a proxy it no longer probes is another's now.
+            self._written = {n: v for n, v in self._written.items() if n in mine}
+        self._share = mine
+        if self._slot is not None and self._said != (self._slots, mine):
+            self._said = (self._slots, mine)
+            event(
+                log,
+                logging.INFO,
+                "probing a share of the fleet",
+                slot=self._slot,
+                slots=", ".join(map(str, self._slots)),
+                count=len(mine),
+                fleet=len(everyone),
+                proxies=_named(mine),
+            )
 
-    # -- the replica's own connection: reachability and the lock ---------------------------
+    # -- the replica's own connection: reachability and the slot ---------------------------
 
     async def run(self) -> None:
-        """Checks the database and tries for the lock every round, leads while
-        it holds it; reconnects when the connection fails; forever (cancelled
-        at stop)."""
+        """Checks the database every round: takes a slot, then reads the live
+        slots; probes its share while it holds one; reconnects when the
+        connection fails; forever (cancelled at stop)."""
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
@@ -91,7 +141,7 @@ class Leadership:
                 self._store.failure = str(error).splitlines()[0] if str(error) else "no answer"
                 event(log, logging.WARNING, "database not reachable", error=str(error))
             finally:
-                await self._stop_leading()
+                await self._stop_probing()
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
@@ -101,34 +151,47 @@ class Leadership:
         work: asyncio.Task[None] | None = None
         try:
             while True:
-                if self.leading:
-                    await self._ask(conn, "SELECT true")  # the lock lives as long as this
-                    await asyncio.sleep(FLUSH_S)
-                    continue
-                if await self._ask(conn, "SELECT pg_try_advisory_lock(%s)", LEADER_LOCK):
-                    self.leading = True
-                    event(log, logging.INFO, "leading: this replica probes the fleet")
-                    await self._engine.start()
+                await self.step(conn)
+                if self._slot is not None and work is None:
                     work = asyncio.get_running_loop().create_task(self._lead())
-                    continue
-                await asyncio.sleep(self._retry)
+                await asyncio.sleep(FLUSH_S if self._slot is not None else self._retry)
         finally:
             if work is not None:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
 
-    async def _ask(
-        self, conn: psycopg.AsyncConnection[Any], sql: LiteralString, *params: Any
-    ) -> bool:
-        """One check: `sql`'s boolean, answered within CHECK_TIMEOUT_S. The
+    async def step(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """One round on the slot's connection `conn`: take a slot if this
+        replica holds none, then read the live slots and share again if they
+        changed. The check of reachability, too."""
+        if self._slot is None:
+            slot = await self._ask(sharing.take_slot(conn))
+            if slot is None:
+                if not self._no_slot_said:
+                    event(
+                        log,
+                        logging.WARNING,
+                        "not probing: every probing slot is taken",
+                        slots=sharing.MAX_SLOTS,
+                    )
+                    self._no_slot_said = True
+                return
+            self._no_slot_said = False
+            self._slot = slot
+            self._written = {}
+            await self._engine.start()
+        slots = await self._ask(sharing.live_slots(conn))
+        if self._slot not in slots:
+            raise StoreError(f"probing slot {self._slot} lost")  # cannot be, on this session
+        if slots != self._slots:
+            self._slots = slots
+            self._push()
+
+    async def _ask(self, statement: Awaitable[T]) -> T:
+        """One check: `statement`'s answer, within CHECK_TIMEOUT_S. The
         database counts as reachable from then on."""
-
-        async def fetch() -> bool:
-            row = await (await conn.execute(sql, params or None)).fetchone()
-            return bool(row and row[0])
-
-        task = asyncio.ensure_future(fetch())
+        task = asyncio.ensure_future(statement)
         done, _ = await asyncio.wait({task}, timeout=CHECK_TIMEOUT_S)
         if not done:
             # Unreachable now, not once psycopg's cancellation gives up (up to 10 s more).
@@ -139,36 +202,36 @@ class Leadership:
         self._store.failure = None
         return answer
 
-    async def _stop_leading(self) -> None:
-        if not self.leading:
+    async def _stop_probing(self) -> None:
+        if self._slot is None:
             return
-        self.leading = False
-        self._foreign = {}
+        slot, self._slot = self._slot, None
+        self._slots = []
+        self._said = None
         self._push()
         await self._engine.stop()
         await self._close_work()
-        event(log, logging.INFO, "stopped probing (no longer the leader)")
+        event(log, logging.INFO, "stopped probing (the probing slot is lost)", slot=slot)
 
-    # -- the leader's work, on a second connection -----------------------------------------
+    # -- the replica's work on its share, on a second connection ---------------------------
 
     async def _lead(self) -> None:
-        self._written = {}
         while True:
             try:
                 await self.sync()
                 if self._work_error is not None:
-                    event(log, logging.INFO, "the leader's writes go through again")
+                    event(log, logging.INFO, "the prober's writes go through again")
                     self._work_error = None
             except StoreError as error:
                 # Logged once per reason: the check says whether the database is there.
                 if str(error) != self._work_error:
-                    event(log, logging.WARNING, "the leader's writes failed", error=str(error))
+                    event(log, logging.WARNING, "the prober's writes failed", error=str(error))
                     self._work_error = str(error)
             await asyncio.sleep(FLUSH_S)
 
     async def sync(self) -> None:
-        """One round of the leader's work: the proxies only other fleets hold
-        in, health changes out, error reports in."""
+        """One round of the prober's work: the proxies only other fleets hold
+        in, its share's health changes out, its share's error reports in."""
         async with self._syncing:
             await self._sync()
 
@@ -179,7 +242,7 @@ class Leadership:
             conn = self._work
             await self._refresh_foreign(conn)
             await self._flush(conn)
-            for row in await self._store.take_error_reports(conn):
+            for row in await sharing.take_error_reports(conn, self._share):
                 for _ in range(row.count):
                     self._engine.report_error(row.proxy, row.error)
         except psycopg.Error as error:
@@ -202,26 +265,28 @@ class Leadership:
             for r in rows
             if r.name not in self._own
         }
+        if foreign == self._foreign:
+            return
         if foreign.keys() != self._foreign.keys():
-            names = sorted(foreign)
-            more = ", ..." if len(names) > NAMES_LOGGED else ""
             event(
                 log,
                 logging.INFO,
                 "probing proxies that only other replicas serve",
-                count=len(names),
-                proxies=", ".join(names[:NAMES_LOGGED]) + more,
+                count=len(foreign),
+                proxies=_named(foreign),
             )
         self._foreign = foreign
         self._push()
 
     async def _flush(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Writes every proxy whose view changed since the last flush. A proxy
-        not probed yet (a leader just taking over) keeps what the last one wrote."""
+        """Writes every proxy of the share whose view changed since the last
+        flush. A proxy not probed yet (new to the share) keeps what its last
+        prober wrote."""
         rows: list[tuple[str, HealthView]] = []
         written = self._written
+        mine = self._share
         for state in self._engine.all():
-            if state.health == Health.UNKNOWN:
+            if state.health == Health.UNKNOWN or state.name not in mine:
                 continue
             view = HealthView(
                 str(state.health),
@@ -238,4 +303,4 @@ class Leadership:
         written.update(rows)
 
 
-__all__ = ["CHECK_TIMEOUT_S", "LEADER_LOCK", "Leadership"]
+__all__ = ["CHECK_TIMEOUT_S", "FLUSH_S", "NAMES_LOGGED", "Leadership"]

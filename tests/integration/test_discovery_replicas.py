@@ -2,7 +2,7 @@
 started by scripts/postgres on loopback), under load from many clients:
 no proxy granted twice at once (checked from the clients' side), any replica
 serving any lease, a replica killed with SIGKILL, PostgreSQL restarted, the
-fleet file changed under all of them, and one replica probing at a time."""
+fleet file changed under all of them, and every replica probing its share."""
 
 from __future__ import annotations
 
@@ -47,21 +47,27 @@ class Cluster:
     def live(self) -> list[ServiceProcess]:
         return [r for r in self.replicas if r.process is not None and r.process.poll() is None]
 
-    def leaders(self) -> list[ServiceProcess]:
-        """Replicas whose last leadership event says they lead."""
-        leading = []
+    def probers(self) -> list[ServiceProcess]:
+        """Replicas whose last probing event says they probe a share."""
+        probing = []
         for member in self.live():
             said = [
                 e["event"]
                 for e in member.events()
                 if e.get("logger") == "discovery.shared"
-                and (
-                    "leading" in e["event"] or "leadership" in e["event"] or "stopped" in e["event"]
-                )
+                and ("probing" in e["event"] or "stopped" in e["event"])
             ]
-            if said and said[-1].startswith("leading"):
-                leading.append(member)
-        return leading
+            if said and said[-1].startswith("probing"):
+                probing.append(member)
+        return probing
+
+    def prober_of(self, name: str) -> ServiceProcess | None:
+        """The live replica whose last share (its log names it whole) holds `name`."""
+        for member in self.live():
+            shares = [e for e in member.events() if e["event"] == "probing a share of the fleet"]
+            if shares and name in shares[-1]["proxies"].split(", "):
+                return member
+        return None
 
 
 @pytest.fixture
@@ -188,7 +194,7 @@ class Load:
 
 
 def same_view_everywhere(cluster: Cluster) -> list[dict[str, Any]]:
-    """GET /v1/proxies of every live replica, which must agree. The leader
+    """GET /v1/proxies of every live replica, which must agree. Each prober
     writes health once a second, so views read a moment apart may differ by
     a latency: read again until one set of reads agrees."""
     views: list[list[dict[str, Any]]] = []
@@ -217,7 +223,7 @@ def test_replicas_never_grant_one_proxy_twice_under_load(
     # The three replicas started together; the schema was made once.
     count = postgres.psql("SELECT count(*) FROM discovery_schema", database=db_name(cluster))
     assert count.strip() == "1"
-    assert len(cluster.leaders()) == 1  # one replica probes
+    assert len(cluster.probers()) == 3  # every replica probes its share
 
 
 def db_name(cluster: Cluster) -> str:
@@ -299,9 +305,9 @@ def test_the_status_page_data_is_the_same_on_every_replica(cluster: Cluster) -> 
 def test_a_replica_killed_under_load_loses_nothing_and_its_probing_is_taken_over(
     cluster: Cluster,
 ) -> None:
-    wait_for(lambda: len(cluster.leaders()) == 1, timeout=10)
-    [leader] = cluster.leaders()
-    with httpx.Client(base_url=leader.url, timeout=5) as client:
+    wait_for(lambda: len(cluster.probers()) == 3, timeout=10)
+    first = cluster.live()[0]
+    with httpx.Client(base_url=first.url, timeout=5) as client:
         held = client.post("/v1/leases", json={"holder": "keeper", "ttlSeconds": 60}).json()
         cooled = client.post("/v1/leases", json={"holder": "keeper", "ttlSeconds": 60}).json()
         assert (
@@ -310,17 +316,20 @@ def test_a_replica_killed_under_load_loses_nothing_and_its_probing_is_taken_over
             ).status_code
             == 204
         )
-    # A proxy that will go down once the leader is gone: someone must probe it.
+    # A proxy that will go down once its prober is gone: someone must probe it.
     victim = Responders.start(1)
     cluster.responders.append(victim)
     ports = [*cluster.responders[0].ports, victim.ports[0]]
     write(cluster.fleet, ports)
     wait_for(lambda: len(same_view_everywhere(cluster)) == PROXIES + 1, timeout=10)
+    wait_for(lambda: cluster.prober_of(f"p{PROXIES}") is not None, timeout=10)
+    prober = cluster.prober_of(f"p{PROXIES}")
+    assert prober is not None
     with Load(cluster) as load:
         time.sleep(1.5)
-        leader.kill()
+        prober.kill()
         killed_at = time.monotonic()
-        wait_for(lambda: len(cluster.leaders()) == 1, timeout=5)
+        wait_for(lambda: cluster.prober_of(f"p{PROXIES}") is not None, timeout=5)
         took_over = time.monotonic() - killed_at
         victim.stop()
         wait_for(lambda: proxies_of(cluster)[f"p{PROXIES}"]["health"] == "unhealthy", timeout=10)

@@ -106,8 +106,8 @@ class Faults:
 
 
 class Synced:
-    """A PostgreSQL book whose replica leads with a zero flush interval: the
-    leader's step runs around every call."""
+    """A PostgreSQL book whose replica probes the whole fleet with a zero
+    flush interval: the prober's round runs around every call."""
 
     def __init__(self, book: LeaseBook, leader: Leadership) -> None:
         self._book = book
@@ -281,9 +281,16 @@ async def _postgres(
         book = await backend.start(fleet, health, metrics)
         leader = backend.leadership
         assert leader is not None
-        await leader.sync()
-        synced: Any = Synced(book, leader)
-        await scenario(World(synced, health, clock, metrics, "postgres", rows))
+        # The replica alone takes a probing slot: its share is the whole fleet.
+        slot = await backend.store.connect_alone()
+        try:
+            await leader.step(slot)
+            assert leader.probing and leader.share == set(fleet.proxies)
+            await leader.sync()
+            synced: Any = Synced(book, leader)
+            await scenario(World(synced, health, clock, metrics, "postgres", rows))
+        finally:
+            await slot.close()
     finally:
         await backend.stop()
 
