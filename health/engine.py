@@ -9,9 +9,13 @@ Schedule.  A new proxy is probed at once.  Its second probe lands at a
 uniformly random point of the following interval, which spreads a fleet that
 arrived all at once (service start) evenly over the interval; after that the
 period is `interval * (1 - jitter * U[0, 1))`, so the phases keep drifting
-apart but no proxy waits longer than `interval` (when capacity allows).  Time
-is counted from the start of the previous probe; a proxy never has two
-scheduled probes in flight.
+apart but no proxy waits longer than `interval` (when capacity allows) plus
+one tick.  Time is counted from the start of the previous probe; a proxy
+never has two scheduled probes in flight.  The scheduler sleeps a tick
+(`interval / 100`, at most TICK_S) past the next due time and then starts
+every proxy due by then: at thousands of probes a second the probes of a
+tick share one wake-up of the loop and one poll of their sockets, where one
+wake-up per probe cost more than the probe itself (bench/health_probes.py).
 
 State.  A proxy starts unknown; `fail_threshold` consecutive failures make it
 unhealthy, `ok_threshold` consecutive successes healthy.  A probe the prober
@@ -53,6 +57,8 @@ log = logging.getLogger("health")
 
 # Due time of a proxy that must be probed at once: before every real time.
 _AT_ONCE = float("-inf")
+# Longest a due probe waits so that it starts with the others due by then.
+TICK_S = 0.01
 # Probes the prober could not run (Outcome.LOCAL) are logged at most this often.
 _LOCAL_WARNING_EVERY_S = 10.0
 
@@ -129,9 +135,11 @@ class HealthEngine:
         self._listener = listener
         self._probe_fn = probe_fn
         self._alpha = latency_alpha
+        self._tick = min(TICK_S, interval / 100)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = HealthMetrics(self.registry, lambda: self._in_flight)
         self._proxies: dict[str, _Proxy] = {}
+        self._changed: dict[str, _Proxy] = {}  # probed or reported since take_changed()
         # (due loop time, tie-breaker, proxy); entries of removed or replaced
         # proxies stay until they surface and are dropped then.
         self._due: list[tuple[float, int, _Proxy]] = []
@@ -217,6 +225,14 @@ class HealthEngine:
         """Every proxy, in fleet order."""
         return [proxy.snapshot() for proxy in self._proxies.values()]
 
+    def take_changed(self) -> list[ProxyHealth]:
+        """The proxies probed or reported since the last call (in the fleet
+        still), as all() gives them: for a copy of the state kept elsewhere
+        (the PostgreSQL prober's writes), which all() at every round would
+        cost a snapshot of the whole fleet."""
+        changed, self._changed = self._changed, {}
+        return [proxy.snapshot() for proxy in changed.values() if self._current(proxy)]
+
     @property
     def in_flight(self) -> int:
         return self._in_flight
@@ -256,7 +272,7 @@ class HealthEngine:
                 continue
             wait = self._due[0][0] - loop.time()
             if wait > 0:
-                await self._sleep(wait)
+                await self._sleep(wait + self._tick)
                 continue
             await self._slots.acquire()
             # The heap may have changed while waiting for a slot.
@@ -354,6 +370,7 @@ class HealthEngine:
         if proxy is None:
             return
         self._metrics.reported_errors.inc()
+        self._changed[name] = proxy
         self._failure(proxy, f"reported by a crawler: {error}")
 
     # -- state -----------------------------------------------------------------------
@@ -366,6 +383,7 @@ class HealthEngine:
             self._local_failure(proxy, result)
             return
         proxy.probes += 1
+        self._changed[proxy.endpoint.name] = proxy
         metrics.probes[result.outcome].inc()
         for phase, ms in (
             ("connect", result.connect_ms),

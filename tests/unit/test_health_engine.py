@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from health.engine import HealthEngine
+from health.engine import TICK_S, HealthEngine
 from health.model import HISTORY, Health, Outcome, ProxyEndpoint
 from health.probe import (
     MalformedAnswer,
@@ -250,6 +250,29 @@ def test_crawler_error_report_counts_as_a_failed_probe() -> None:
     assert eng.registry.get_sample_value("egress_health_reported_errors_total") == 2.0
 
 
+def test_take_changed_gives_the_proxies_probed_or_reported_since_the_last_call() -> None:
+    """What the PostgreSQL prober writes each round: only what changed, not a
+    snapshot of the whole fleet (discovery/postgres/leadership.py)."""
+    eng = engine(FakeProbe(results={"b": [failed()]}))
+    eng.set_fleet(endpoints("a", "b", "c"))
+    assert eng.take_changed() == []  # added, not probed: nothing learnt yet
+
+    async def body() -> None:
+        await eng.probe_now("a")
+        await eng.probe_now("b")
+
+    run(body())
+    assert [p.name for p in eng.take_changed()] == ["a", "b"]
+    assert eng.take_changed() == []  # taken
+    eng.report_error("c", "tunnel broke")
+    eng.set_fleet(endpoints("a", "b", "c", "d"))
+    run(body())
+    eng.set_fleet(endpoints("b", "c"))  # a left the fleet after its probe
+    changed = eng.take_changed()
+    assert [p.name for p in changed] == ["c", "b"]
+    assert changed == [eng.health("c"), eng.health("b")]  # as all() gives them
+
+
 def test_failing_listener_does_not_stop_the_engine() -> None:
     class Broken:
         def on_health_change(self, name: str, health: Health) -> None:
@@ -453,24 +476,50 @@ def test_every_interval_spread_evenly_with_jitter() -> None:
 
     run(running(eng, body))
     slack = 1e-9  # the clock is controlled: only float rounding
+    tick = min(TICK_S, interval / 100)  # a due probe waits for the others due within it
     start = min(calls[0] for calls in fake.calls.values())
     # Everyone probed at once, then the second probes spread over the interval.
     assert all(fake.calls[n][0] - start < slack for n in names)
     second = [fake.calls[n][1] - fake.calls[n][0] for n in names]
-    assert all(0 <= gap <= interval + slack for gap in second)
+    assert all(0 <= gap <= interval + tick + slack for gap in second)
     quarters = [
         sum(q * interval / 4 <= g < (q + 1) * interval / 4 for g in second) for q in range(4)
     ]
     assert all(count > size / 8 for count in quarters), quarters
-    # After that, every interval with jitter: never later than the interval,
-    # never earlier than interval * (1 - jitter).
+    # After that, every interval with jitter: never later than the interval
+    # (and a tick), never earlier than interval * (1 - jitter).
     gaps = [
         b - a for n in names for a, b in zip(fake.calls[n][1:], fake.calls[n][2:], strict=False)
     ]
     assert len(gaps) > size
     assert min(gaps) >= interval * (1 - jitter) - slack
-    assert max(gaps) <= interval + slack
+    assert max(gaps) <= interval + tick + slack
     assert statistics.pstdev(gaps) > interval * jitter / 10  # the jitter is real
+
+
+def test_probes_due_within_a_tick_start_on_one_wake_up() -> None:
+    """At thousands of probes a second, one wake-up of the loop per probe
+    cost more CPU than the probe (bench/health_probes.py): the scheduler
+    sleeps a tick past the next due time and starts all that are due then."""
+    fake = FakeProbe()
+    interval, size = 1.0, 400
+    tick = min(TICK_S, interval / 100)
+    eng = engine(fake, interval=interval, jitter=0.0)
+    names = [f"p{i}" for i in range(size)]
+    eng.set_fleet(endpoints(*names))
+
+    async def body() -> None:
+        await asyncio.sleep(interval * 2.5)
+
+    run(running(eng, body))
+    # The second probes, due at random points of the interval: 400 due times,
+    # no more start times than ticks in the interval.
+    starts = {fake.calls[n][1] for n in names}
+    assert len(starts) <= interval / tick + 1, len(starts)
+    # None waits more than a tick: without jitter the period is the interval.
+    gaps = [fake.calls[n][2] - fake.calls[n][1] for n in names]
+    assert min(gaps) >= interval - 1e-9
+    assert max(gaps) <= interval + tick + 1e-9
 
 
 # --- concurrency ---------------------------------------------------------------------
