@@ -4,6 +4,9 @@ replica that comes or goes moves only the proxies it wins or held."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -46,6 +49,22 @@ def test_a_replica_gone_its_proxies_spread_over_the_others() -> None:
 
 def test_the_same_owner_in_every_process() -> None:
     # A digest of the name, not hash(): PYTHONHASHSEED differs between replicas.
+    code = (
+        "from discovery.postgres.sharing import owner;"
+        "print([owner(f'p{i}', [0, 1, 2]) for i in range(64)])"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert seen == {f"{[owner(f'p{i}', [0, 1, 2]) for i in range(64)]}\n"}
+    # The order the slots are read in does not matter either.
     assert [owner(f"p{i}", [0, 1]) for i in range(8)] == [owner(f"p{i}", [1, 0]) for i in range(8)]
 
 
