@@ -1,65 +1,57 @@
-"""Benchmark: the health engine probing a 10,000-proxy fleet on one core.
+"""Benchmark: the health engine probing 10,000 and 50,000 proxies per
+interval, on one core and shared by two replicas.
 
 Run: .venv/bin/python -m bench.health_probes   (or scripts/bench health_probes)
 
-A CONNECT responder (tests/support/responders.py) runs in its own process on
-many loopback ports, pinned to another core when there is one; the fleet is
---proxies entries spread over those ports.  This process is pinned to one core
-and measured with its own CPU time (user + system).  In the same run:
+A CONNECT responder (bench/_responder.py, on uvloop) runs in its own process on
+many loopback ports, pinned to another core when there is one; each fleet is
+--sizes entries spread over those ports. This process is pinned to one core
+and measured with its own CPU time (user + system). In the same run:
 
-1. baselines: a plain asyncio loop over the same endpoints with the same
-   concurrency, `open_connection` then close, and `open_connection`, write
-   CONNECT, read the answer head, close;
-2. the engine's first round: the whole fleet is new, so every proxy is due at
-   once and the engine runs flat out with --workers probes in flight; its
-   rate gives the interval the fleet needs;
-3. the engine in steady state for one --interval: probes spread over the
-   interval, each proxy's largest gap between probes, and the share of the
-   core it used.
+1. baselines (first size, default loop): a plain asyncio loop over the same
+   endpoints with the same concurrency, `open_connection` then close, and
+   `open_connection`, write CONNECT, read the answer head, close;
+2. per size and per event loop (asyncio's default, and uvloop, which a
+   discovery replica runs): the engine's first round (the whole fleet new,
+   due at once, --workers probes in flight), and one --interval of steady
+   state: CPU per probe, the share of one core that keeps the interval
+   (fleet x CPU per probe / interval), the share the core was busy, and the
+   largest gap between two probes of one proxy;
+3. the largest fleet shared by --replicas replicas (bench/_probe_shares.py:
+   the split of discovery/postgres/sharing.py, one process per replica,
+   uvloop), one steady interval at the same time: the same figures per
+   replica.
 
-1 and 2 run --rounds times, interleaved, and are reported as median (min-max):
-the wall-clock rates move with whatever else the machine runs, CPU per probe
-much less.  The whole run takes about a minute and a half.
+Baselines and first rounds run --rounds times, interleaved, and are
+reported as median (min-max): the wall-clock rates move with whatever else
+the machine runs, CPU per probe much less. The whole run takes about four
+minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import time
-from collections import Counter
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any
 
-from health.engine import HealthEngine
-from health.model import Health, Outcome, ProxyEndpoint
-from health.probe import ProbeFn, ProbeResult, connect_request, probe
-
-TARGET = "127.0.0.1:443"  # the responder answers 200 to anything
-
-
-@dataclass
-class Run:
-    label: str
-    probes: int
-    wall_s: float
-    cpu_s: float
-
-    @property
-    def rate(self) -> float:
-        return self.probes / self.wall_s
-
-    @property
-    def cpu_per_1000(self) -> float:
-        return self.cpu_s / self.probes * 1000
+from bench._probe_rounds import (
+    TARGET,
+    Run,
+    Steady,
+    first_round,
+    measured,
+    steady_state,
+    use_loop,
+)
+from bench._probe_shares import shared
+from health import engine
+from health.model import ProxyEndpoint
+from health.probe import connect_request
 
 
 def raise_open_file_limit(needed: int) -> int:
@@ -79,7 +71,7 @@ def pin_cores() -> tuple[int, int | None]:
 
 def start_responder(ports: int, core: int | None) -> tuple[subprocess.Popen[bytes], list[int]]:
     responder = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.responders", "--ports", str(ports)],
+        [sys.executable, "-m", "bench._responder", "--ports", str(ports)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -97,12 +89,6 @@ def process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def measured(label: str, probes: int, work: Coroutine[Any, Any, object]) -> Run:
-    cpu, wall = time.process_time(), time.perf_counter()
-    await work
-    return Run(label, probes, time.perf_counter() - wall, time.process_time() - cpu)
 
 
 async def plain_loop(fleet: list[ProxyEndpoint], workers: int, exchange: bool) -> None:
@@ -123,201 +109,116 @@ async def plain_loop(fleet: list[ProxyEndpoint], workers: int, exchange: bool) -
     await asyncio.gather(*(one(endpoint) for endpoint in fleet))
 
 
-class Recording:
-    """The real probe, keeping each proxy's probe start times (steady state)."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, list[float]] = {}
-        self.outcomes: Counter[Outcome] = Counter()
-
-    async def __call__(
-        self,
-        endpoint: ProxyEndpoint,
-        target: str,
-        *,
-        timeout: float,
-        tls: bool,
-        ca_file: str | None,
-    ) -> ProbeResult:
-        self.times.setdefault(endpoint.name, []).append(time.perf_counter())
-        result = await probe(endpoint, target, timeout=timeout, tls=tls, ca_file=ca_file)
-        self.outcomes[result.outcome] += 1
-        return result
-
-
-class Changes:
-    """Listener counting health changes: with ok_threshold 1 every proxy's
-    first passing probe is one change, so the first round is done at N."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.unhealthy = 0
-
-    def on_health_change(self, name: str, health: Health) -> None:
-        self.count += 1
-        self.unhealthy += health is Health.UNHEALTHY
-
-
-async def wait_for(condition: Callable[[], bool], limit: float) -> None:
-    async with asyncio.timeout(limit):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
-def new_engine(
-    args: argparse.Namespace, listener: Changes, probe_fn: ProbeFn = probe
-) -> HealthEngine:
-    return HealthEngine(
-        target=TARGET,
-        interval=args.interval,
-        workers=args.workers,
-        timeout=args.timeout,
-        listener=listener,
-        probe_fn=probe_fn,
-    )
-
-
-async def first_round(fleet: list[ProxyEndpoint], args: argparse.Namespace) -> Run:
-    """A fresh engine with the real probe: every proxy new, all due at once."""
-    changes = Changes()
-    engine = new_engine(args, changes)
-    engine.set_fleet(fleet)
-    await engine.start()
-    try:
-        run = await measured(
-            "engine: first round, all due at once",
-            len(fleet),
-            wait_for(lambda: changes.count >= len(fleet), limit=120),
-        )
-    finally:
-        await engine.stop()
-    if changes.unhealthy:
-        raise RuntimeError(f"{changes.unhealthy} proxies failed their probe")
-    return run
-
-
-@dataclass
-class Steady:
-    run: Run
-    largest_gap_s: float
-    unprobed: int
-    lag_s: float
-    outcomes: Counter[Outcome]
-
-
-async def steady_state(fleet: list[ProxyEndpoint], args: argparse.Namespace) -> Steady:
-    """After a first round (not measured), one interval of normal operation."""
-    changes, recording = Changes(), Recording()
-    engine = new_engine(args, changes, recording)
-    engine.set_fleet(fleet)
-    await engine.start()
-    try:
-        await wait_for(lambda: changes.count >= len(fleet), limit=120)
-        recording.times.clear()
-        recording.outcomes.clear()
-        cpu, wall = time.process_time(), time.perf_counter()
-        await asyncio.sleep(args.interval)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        probes = sum(map(len, recording.times.values()))
-        lag = engine.registry.get_sample_value("egress_health_schedule_lag_seconds") or 0.0
-    finally:
-        await engine.stop()
-    gaps = [b - a for series in recording.times.values() for a, b in itertools.pairwise(series)]
-    return Steady(
-        Run(f"engine: steady state, {args.interval:g} s", probes, wall, cpu),
-        max(gaps, default=float("nan")),
-        len(fleet) - len(recording.times),
-        lag,
-        recording.outcomes,
-    )
-
-
 def _spread(values: list[float], fmt: str) -> str:
     low, mid, high = min(values), statistics.median(values), max(values)
     return f"{mid:{fmt}} ({low:{fmt}}-{high:{fmt}})"
 
 
-def report(args: argparse.Namespace, rounds: dict[str, list[Run]], steady: Steady) -> None:
-    print(
-        f"fleet {args.proxies} proxies over {args.ports} loopback ports, {args.workers} workers, "
-        f"{args.rounds} rounds; median (min-max)"
-    )
-    print(f"{'':40} {'probes/s':>22} {'CPU s per 1000':>24}")
-    for label, runs in rounds.items():
-        rates = _spread([r.rate for r in runs], ".0f")
-        costs = _spread([r.cpu_per_1000 for r in runs], ".3f")
-        print(f"{label:40} {rates:>22} {costs:>24}")
-    s = steady.run
-    print(f"{s.label:40} {s.rate:>22.0f} {s.cpu_per_1000:>24.3f}")
-    baseline = rounds[PLAIN_CONNECT]
-    engine = rounds[ENGINE]
-    rate = statistics.median(r.rate for r in engine)
-    cpu = statistics.median(r.cpu_per_1000 for r in engine)
-    print(
-        f"engine against the plain CONNECT loop: "
-        f"{rate / statistics.median(r.rate for r in baseline):.2f}x the rate, "
-        f"{cpu / statistics.median(r.cpu_per_1000 for r in baseline):.2f}x the CPU per probe"
-    )
-    print(
-        f"interval the fleet needs: {args.proxies / rate:.1f} s at the measured rate, "
-        f"{args.proxies * cpu / 1000:.1f} s of one core's CPU (goal: within {args.interval:g} s)"
-    )
-    print(
-        f"steady state: {s.probes} probes in {s.wall_s:.1f} s, core busy {s.cpu_s / s.wall_s:.0%}, "
-        f"largest gap between two probes of one proxy {steady.largest_gap_s:.2f} s, "
-        f"proxies without a probe in the window {steady.unprobed}, "
-        f"schedule lag at the end {steady.lag_s:.3f} s"
-    )
-    print(f"outcomes: {', '.join(f'{o.value} {n}' for o, n in sorted(steady.outcomes.items()))}")
-
-
 CONNECT_ONLY = "plain asyncio: open_connection + close"
 PLAIN_CONNECT = "plain asyncio: open_connection + CONNECT"
-ENGINE = "engine: first round, all due at once"
 
 
-async def bench(args: argparse.Namespace, ports: list[int]) -> tuple[dict[str, list[Run]], Steady]:
-    fleet = [
-        ProxyEndpoint(f"p{i}", "127.0.0.1", ports[i % len(ports)]) for i in range(args.proxies)
-    ]
-    rounds: dict[str, list[Run]] = {CONNECT_ONLY: [], PLAIN_CONNECT: [], ENGINE: []}
-    # Interleaved, so a burst of other work on the machine hits all kinds alike.
+def make_fleet(size: int, ports: list[int]) -> list[ProxyEndpoint]:
+    return [ProxyEndpoint(f"p{i}", "127.0.0.1", ports[i % len(ports)]) for i in range(size)]
+
+
+async def baselines(fleet: list[ProxyEndpoint], args: argparse.Namespace) -> dict[str, list[Run]]:
+    rounds: dict[str, list[Run]] = {CONNECT_ONLY: [], PLAIN_CONNECT: []}
+    # Interleaved, so a burst of other work on the machine hits both alike.
     for _ in range(args.rounds):
-        rounds[CONNECT_ONLY].append(
-            await measured(CONNECT_ONLY, len(fleet), plain_loop(fleet, args.workers, False))
-        )
-        rounds[PLAIN_CONNECT].append(
-            await measured(PLAIN_CONNECT, len(fleet), plain_loop(fleet, args.workers, True))
-        )
-        rounds[ENGINE].append(await first_round(fleet, args))
-    return rounds, await steady_state(fleet, args)
+        for label, exchange in ((CONNECT_ONLY, False), (PLAIN_CONNECT, True)):
+            rounds[label].append(
+                await measured(label, len(fleet), plain_loop(fleet, args.workers, exchange))
+            )
+    return rounds
+
+
+async def one_size(
+    fleet: list[ProxyEndpoint], args: argparse.Namespace, loop: str
+) -> tuple[list[Run], Steady]:
+    label = f"{len(fleet):,} proxies, {loop}"
+    first = [await first_round(fleet, args, f"{label}: first round") for _ in range(args.rounds)]
+    return first, await steady_state(fleet, args, f"{label}: steady {args.interval:g} s")
+
+
+def print_rounds(rounds: dict[str, list[Run]]) -> None:
+    for label, runs in rounds.items():
+        rates = _spread([r.rate for r in runs], ".0f")
+        costs = _spread([r.cpu_per_1000 * 1000 for r in runs], ".0f")
+        failed = sum(r.failed for r in runs)
+        print(f"{label:44} {rates:>20} {costs:>20}" + (f"  failed {failed}" if failed else ""))
+
+
+def print_steady(steady: Steady, args: argparse.Namespace) -> None:
+    s = steady.run
+    print(
+        f"{s.label:44} {s.rate:>20.0f} {s.cpu_per_1000 * 1000:>20.0f}  "
+        f"keeps {args.interval:g} s with {steady.core_needed():.0%} of a core; "
+        f"core busy {steady.core_busy:.0%}; largest gap {steady.largest_gap_s:.2f} s; "
+        f"unprobed {steady.unprobed}; lag {steady.lag_s:.2f} s; failed {s.failed}"
+    )
+
+
+def run_bench(args: argparse.Namespace, ports: list[int], responder: int) -> None:
+    sizes = [int(n) for n in args.sizes.split(",")]
+    print(f"{'':44} {'probes/s':>20} {'CPU us per probe':>20}")
+    use_loop("asyncio")
+    print_rounds(asyncio.run(baselines(make_fleet(sizes[0], ports), args)))
+    needed: dict[str, float] = {}
+    for size in sizes:
+        fleet = make_fleet(size, ports)
+        for loop in args.loops.split(","):
+            use_loop(loop)
+            first, steady = asyncio.run(one_size(fleet, args, loop))
+            print_rounds({first[0].label: first})
+            print_steady(steady, args)
+            needed[f"{size:,} proxies, {loop}"] = steady.core_needed()
+    largest = make_fleet(sizes[-1], ports)
+    os.sched_setaffinity(responder, range(os.cpu_count() or 1))  # the replicas take a core each
+    print(
+        f"{sizes[-1]:,} proxies shared by {args.replicas} replicas (uvloop), "
+        f"one steady {args.interval:g} s interval at the same time:"
+    )
+    for slot, steady in shared(largest, args, args.replicas):
+        print(f"  {steady.proxies:,} proxies:", end=" ")
+        print_steady(steady, args)
+        needed[f"replica {slot}, {steady.proxies:,} proxies"] = steady.core_needed()
+    print(f"share of one core that keeps every proxy probed each {args.interval:g} s:")
+    for label, share in needed.items():
+        print(f"  {label}: {share:.0%} ({'within' if share < 1 else 'over'} one core)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--proxies", type=int, default=10_000)
+    parser.add_argument("--sizes", default="10000,50000", help="fleets, comma-separated")
+    parser.add_argument("--loops", default="asyncio,uvloop")
+    parser.add_argument("--replicas", type=int, default=2, help="sharing the largest fleet")
     parser.add_argument("--ports", type=int, default=1000, help="responder ports")
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--tick", type=float, default=engine.TICK_S, help="the engine's; 0: a wake-up per probe"
+    )
     args = parser.parse_args()
+    engine.TICK_S = args.tick
     limit = raise_open_file_limit(args.workers + args.ports + 1024)
     own, other = pin_cores()
     print(
         f"this process on core {own}, responder on core {other}, open-file limit {limit}, "
-        f"load average (1 min) {os.getloadavg()[0]:.2f}"
+        f"load average (1 min) {os.getloadavg()[0]:.2f}; {args.ports} responder ports, "
+        f"{args.workers} workers, {args.rounds} rounds, median (min-max), tick {args.tick:g} s"
     )
     responder, ports = start_responder(args.ports, other)
     try:
-        rounds, steady = asyncio.run(bench(args, ports))
+        run_bench(args, ports, responder.pid)
         responder_cpu = process_cpu_s(responder.pid)
     finally:
         assert responder.stdin is not None
         responder.stdin.close()
         responder.wait(timeout=30)
-    report(args, rounds, steady)
-    print(f"responder CPU over the whole run (other core): {responder_cpu:.1f} s")
+    print(f"responder CPU over the whole run: {responder_cpu:.1f} s")
     # Other work on the machine slows the wall-clock figures more than CPU per probe.
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
 
