@@ -100,7 +100,7 @@ class Leadership:
     def _push(self) -> None:
         """Gives the engine this replica's share of every proxy a replica serves;
         called when the fleet, the foreign proxies or the live slots change
-        (the split costs a few hundred ms at 50,000 proxies)."""
+        (the split holds the loop about 0.1 s at 50,000 proxies)."""
         everyone = {**self._foreign, **self._own}
         if self._slot is None:
             mine: set[str] = set()
