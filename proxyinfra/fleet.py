@@ -59,7 +59,10 @@ class Proxy(pulumi.ComponentResource):
         )
         endpoint = deployer.deploy(request, self)
         self.entry = pulumi.Output.from_input(_manifest_entry(request, endpoint))
-        self.register_outputs({"id": self.proxy_id, "entry": self.entry})
+        # The entry is kept once in the state, in the stack's `fleet` output:
+        # not again in the component's (the proxy's password with it, when
+        # it has one). Nothing reads a component's outputs back.
+        self.register_outputs({"id": self.proxy_id})
 
 
 def _manifest_entry(request: ProxyRequest, endpoint: Endpoint) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 Secrets: user-data carries the squid password hash and whatever the operator
 added, vendor-data and network-config may carry secrets too. They are Pulumi
 secrets in state, never logged at any level and never quoted in an error.
-meta-data (instance-id, hostname) is not secret and stays readable in diffs.
+meta-data (instance-id, hostname) is not secret, but travels packed with
+them (its instance-id holds a digest of the user-data, a secret's taint).
 The ISO's sha256 is a secret output as well: it is a plain, unsalted digest
 of the documents, so when they are mostly known (the stack config) a state
 reader could test guesses of a low-entropy secret in them against it. Change
@@ -18,11 +19,10 @@ A seed volume that already exists when create runs (a create killed half way)
 is replaced: its content is derived entirely from the inputs, unlike an
 overlay's, so nothing is lost.
 
-The documents are kept in the state once, in the inputs: the outputs keep a
-digest of each (``digests``, secret like the ISO's), which is all diff needs
-of them, and what delete and read need (``host``, ``name``). A state of an
-earlier release keeps the documents in the outputs too: diff compares those,
-and read (refresh) writes them as digests.
+The documents are kept in the state once, packed into the one input
+``documents``; the outputs keep one digest of them, which is all diff needs
+of them, and what delete and read need (``host``, ``name``): see
+providers.kvm.seeddocs, which also reads the earlier forms.
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.resource import VolumeProvider
+from providers.kvm.seeddocs import (
+    DIGEST,
+    DIGESTS,
+    DOCUMENTS,
+    OPTIONAL_DOCUMENTS,
+    PACKED,
+    kept_digests,
+    pack,
+    state_view,
+    unpacked,
+)
 from providers.kvm.volumes import (
     human,
     lookup_pool,
@@ -49,15 +60,7 @@ from providers.kvm.volumes import (
 )
 from proxyinfra.stacktrace import short_stack_trace
 
-REQUIRED_DOCUMENTS = ("userData", "metaData")
-OPTIONAL_DOCUMENTS = ("vendorData", "networkConfig")
-DOCUMENTS = REQUIRED_DOCUMENTS + OPTIONAL_DOCUMENTS
-DIGESTS = "digests"
-SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256", DIGESTS]
-# A document's digest in the outputs: for change detection only, so 128 bits.
-DIGEST_CHARS = 32
-# In diff's view of the state, a document whose digest no new input matches.
-_CHANGED = object()
+SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256", DIGEST, DIGESTS]
 
 
 def _is_unknown(value: Any) -> bool:
@@ -93,7 +96,7 @@ class SeedArgs(ResourceArgs, Generic[Made]):
 
 
 def _args(props: dict[str, Any]) -> SeedArgs[str]:
-    return SeedArgs.from_props(props)
+    return SeedArgs.from_props(unpacked(props))
 
 
 def build_seed(props: dict[str, Any]) -> bytes:
@@ -101,62 +104,39 @@ def build_seed(props: dict[str, Any]) -> bytes:
     return build_nocloud_iso(args.user_data, args.meta_data, args.vendor_data, args.network_config)
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
-
-
-def document_digests(props: dict[str, Any]) -> dict[str, str]:
-    """The digest of each document PROPS hold (an empty optional one is none)."""
-    return {
-        key: _digest(props[key])
-        for key in DOCUMENTS
-        if isinstance(props.get(key), str) and props[key]
-    }
-
-
 def _stored(props: dict[str, Any], path: str, size: int, sha256: str) -> dict[str, Any]:
-    """The outputs: what delete and read need, and digests for diff; PROPS are
-    the inputs, or outputs of either form (an earlier one holds the documents)."""
-    digests = props.get(DIGESTS)
+    """The outputs: what delete and read need, and the digest for diff; PROPS
+    are the inputs, or outputs of any form (c9adc8f's hold the documents)."""
     return {
         "host": props["host"],
         "name": props["name"],
         "path": path,
         "size": size,
         "sha256": sha256,
-        DIGESTS: digests if isinstance(digests, dict) else document_digests(props),
-    }
-
-
-def _with_documents(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
-    """The state as diff compares it with NEWS: outputs of an earlier release
-    hold the documents themselves; these hold digests, and where a new
-    document has the digest kept, the state holds that document."""
-    digests = olds.get(DIGESTS)
-    if not isinstance(digests, dict):
-        return olds
-    view = {k: v for k, v in olds.items() if k not in DOCUMENTS}
-    for key in DOCUMENTS:
-        new = news.get(key)
-        if isinstance(new, str) and new and digests.get(key) == _digest(new):
-            view[key] = new
-        elif key in digests:
-            view[key] = _CHANGED
-    return view
+    } | kept_digests(props)
 
 
 class SeedIsoProvider(VolumeProvider):
     kind = "seed"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = [f for key in DOCUMENTS if (f := _document_failure(key, news.get(key)))]
+        try:
+            documents = unpacked(news)
+        except ValueError as error:
+            return CheckResult(news, [CheckFailure(PACKED, str(error))])
+        failures = [f for key in DOCUMENTS if (f := _document_failure(key, documents.get(key)))]
         name = news.get("name")
         if not _is_unknown(name) and (not isinstance(name, str) or not name):
             failures.append(CheckFailure("name", "the volume name must be a non-empty string"))
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = SeedArgs.changed(_with_documents(olds, news), news, Change.REPLACE)
+        documents = unpacked(news)
+        replaces = SeedArgs.changed(state_view(olds, documents), documents, Change.REPLACE)
+        if PACKED in news:  # named as the inputs name them
+            replaces = [k for k in replaces if k not in DOCUMENTS] + [PACKED] * any(
+                k in DOCUMENTS for k in replaces
+            )
         return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=True)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -201,15 +181,12 @@ class SeedIsoProvider(VolumeProvider):
         upload(conn, vol, [image], len(image))
 
 
-def _secret(value: pulumi.Input[str] | None) -> pulumi.Input[str] | None:
-    return None if value is None else pulumi.Output.secret(value)
-
-
 class SeedIso(pulumi.dynamic.Resource):
     """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
-    ``vendorData``, ``networkConfig``; outputs ``host``, ``name``, ``path``,
-    ``size`` (bytes), ``sha256`` of the ISO and ``digests`` of the documents
-    (both secret)."""
+    ``vendorData``, ``networkConfig``, sent packed as one secret input
+    ``documents`` (providers/kvm/seeddocs.py); outputs ``host``, ``name``,
+    ``path``, ``size`` (bytes), ``sha256`` of the ISO and ``digest`` of the
+    documents (both secret)."""
 
     path: pulumi.Output[str]
     size: pulumi.Output[float]
@@ -221,11 +198,14 @@ class SeedIso(pulumi.dynamic.Resource):
         args: SeedArgs[pulumi.Input[str]],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        props = args.to_props() | {
-            # Secret as inputs too, whatever the caller passed: inputs are kept in state.
-            "userData": _secret(args.user_data),
-            "vendorData": _secret(args.vendor_data),
-            "networkConfig": _secret(args.network_config),
+        given = (args.user_data, args.meta_data, args.vendor_data, args.network_config)
+        documents: pulumi.Output[str] = pulumi.Output.all(*given).apply(
+            lambda docs: pack(dict(zip(DOCUMENTS, docs, strict=True)))
+        )
+        # Secret, whatever the caller passed: inputs are kept in state.
+        packed: pulumi.Output[str] = pulumi.Output.secret(documents)
+        props: dict[str, Any] = {k: v for k, v in args.to_props().items() if k not in DOCUMENTS} | {
+            PACKED: packed,
             "path": None,
             "size": None,
             "sha256": None,
@@ -239,4 +219,4 @@ class SeedIso(pulumi.dynamic.Resource):
             )
 
 
-__all__ = ["SeedArgs", "SeedIso", "SeedIsoProvider", "build_seed", "document_digests"]
+__all__ = ["SeedArgs", "SeedIso", "SeedIsoProvider", "build_seed"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from providers.kvm.access import LEFT_OUT
-from providers.kvm.seediso import DIGESTS, DOCUMENTS
+from providers.kvm.seeddocs import DIGEST, DOCUMENTS, PACKED
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.stacktrace import KEPT
 from tests.support.baseimages import random_qcow2, serve
@@ -53,12 +53,13 @@ def test_a_seed_keeps_its_documents_once(resources: dict[str, dict[str, Any]]) -
     seeds = [r for name, r in _kvm(resources).items() if _kind(name) == "seed"]
     assert len(seeds) == 2
     for seed in seeds:
-        assert {"userData", "metaData", "vendorData"} <= set(seed["inputs"])
+        assert not set(DOCUMENTS) & set(seed["inputs"]), sorted(seed["inputs"])
+        assert "ciphertext" in seed["inputs"][PACKED]  # all of them, packed, a secret
         assert not set(DOCUMENTS) & set(seed["outputs"]), sorted(seed["outputs"])
-        assert "ciphertext" in seed["outputs"][DIGESTS]  # a secret, like the documents
+        assert "ciphertext" in seed["outputs"][DIGEST]  # a secret, like the documents
 
 
-def test_each_kvm_resource_keeps_where_it_was_made_and_nothing_below(
+def test_each_kvm_resource_keeps_where_it_registers_and_nothing_below(
     resources: dict[str, dict[str, Any]],
 ) -> None:
     kvm = _kvm(resources)
@@ -67,11 +68,22 @@ def test_each_kvm_resource_keeps_where_it_was_made_and_nothing_below(
         frames = _frames(resource)
         module = KVM_RESOURCES[_kind(name)]
         assert f"/providers/kvm/{module}.py#" in frames[0], (name, frames)
-        assert "/providers/kvm/deploy.py#" in frames[1], (name, frames)
     proxies = [r for r in resources.values() if r["type"] == PROXY_TYPE]
     assert len(proxies) == 2
     for proxy in proxies:
         assert all("/proxyinfra/fleet.py#" in frame for frame in _frames(proxy)), proxy
+
+
+def test_a_proxy_s_manifest_entry_is_kept_once_in_the_stack_s_output(
+    resources: dict[str, dict[str, Any]],
+) -> None:
+    proxies = {name: r for name, r in resources.items() if r["type"] == PROXY_TYPE}
+    assert len(proxies) == 2
+    for name, proxy in proxies.items():
+        assert set(proxy["outputs"]) == {"id"}, (name, proxy["outputs"])
+    stack = next(r for r in resources.values() if r["type"] == "pulumi:pulumi:Stack")
+    listed = {entry["name"] for entry in stack["outputs"]["fleet"]["proxies"]}
+    assert listed == set(proxies)
 
 
 def _frames(resource: dict[str, Any]) -> list[str]:

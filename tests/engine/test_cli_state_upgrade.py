@@ -3,16 +3,20 @@ on a state recorded with the earlier one (tests/support/upgrade_state.py,
 tests/golden/state/), through the real CLI. The kvm resources changed the
 form of what they keep in state (docs/kvm-provider.md, "State per proxy"),
 and nothing of a running proxy may be replaced for that: the first preview
-expects no change, the first up changes nothing and keeps every URN and id,
-and a document changed afterwards is still seen against the old form."""
+expects no change, the first up changes nothing, keeps every URN and id and
+writes the seed's inputs in the new form, against which nothing changes
+either, and a document changed afterwards is still seen against the old
+form."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from providers.kvm.seeddocs import DOCUMENTS, PACKED
 from tests.support.pulumi_cli import ROOT, CliStack
 from tests.support.simulated_fleet import simulated_env
 from tests.support.stack_config import set_kvm
@@ -20,16 +24,19 @@ from tests.support.upgrade_state import STACK, config, image_url, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
-# Recorded at commit c9adc8f: the seed's outputs repeat its documents.
-GOLDEN = ROOT / "tests" / "golden" / "state" / "kvm_proxy_c9adc8f.json"
+GOLDEN = ROOT / "tests" / "golden" / "state"
+# Recorded at release c9adc8f: the seed's outputs repeat its documents; at
+# commit fa889d8: the seed's documents unpacked in its inputs, a digest of
+# each in its outputs, the proxy's manifest entry in its component's outputs.
+RECORDED = ("kvm_proxy_c9adc8f.json", "kvm_proxy_fa889d8.json")
 
 
 def _ids(stack: CliStack) -> dict[str, str | None]:
     return {r["urn"]: r.get("id") for r in stack.resources()}
 
 
-def _imported(where: Path) -> tuple[CliStack, dict[str, str | None]]:
-    state = load(GOLDEN, where)
+def _imported(where: Path, golden: str) -> tuple[CliStack, dict[str, str | None]]:
+    state = load(GOLDEN / golden, where)
     stack = CliStack(
         where / "stack", STACK, config(where, image_url(state)), simulated_env(where / "hosts")
     )
@@ -40,19 +47,35 @@ def _imported(where: Path) -> tuple[CliStack, dict[str, str | None]]:
     return stack, recorded
 
 
-def test_a_stack_of_the_earlier_release_upgrades_with_no_change(tmp_path: Path) -> None:
-    stack, recorded = _imported(tmp_path)
+def _seed(stack: CliStack) -> dict[str, Any]:
+    return next(r for r in stack.resources() if r["urn"].endswith("::p0-0-seed"))
+
+
+@pytest.mark.parametrize("golden", RECORDED)
+def test_a_stack_of_an_earlier_release_upgrades_with_no_change(tmp_path: Path, golden: str) -> None:
+    stack, recorded = _imported(tmp_path, golden)
     assert len(recorded) >= 6 and _ids(stack) == recorded
     stack.ok("preview", "--expect-no-changes")
     stack.ok("up", "--yes", "--skip-preview", "--expect-no-changes")
     assert _ids(stack) == recorded
+    # The seed's inputs are now the new form (its outputs stay the earlier
+    # one until a refresh: tests/unit/test_kvm_seed_state.py), and nothing
+    # changes against them.
+    seed = _seed(stack)
+    assert PACKED in seed["inputs"] and not set(DOCUMENTS) & set(seed["inputs"])
+    assert "ciphertext" in seed["inputs"][PACKED]
+    stack.ok("preview", "--expect-no-changes")
+    assert _ids(stack) == recorded
 
 
-def test_a_document_changed_after_the_upgrade_replaces_the_seed(tmp_path: Path) -> None:
-    """The seed's diff against outputs of the earlier form (documents kept
-    in them) still sees a new document."""
-    stack, _ = _imported(tmp_path)
-    changed = config(tmp_path, image_url(load(GOLDEN, tmp_path)))
+@pytest.mark.parametrize("golden", RECORDED)
+def test_a_document_changed_after_the_upgrade_replaces_the_seed(
+    tmp_path: Path, golden: str
+) -> None:
+    """The seed's diff against outputs of an earlier form (the documents, or
+    a digest of each, kept in them) still sees a new document."""
+    stack, _ = _imported(tmp_path, golden)
+    changed = config(tmp_path, image_url(load(GOLDEN / golden, tmp_path)))
     set_kvm(changed["providers"][0], vendor_data="#!/bin/sh\necho changed\n")
     stack.write_config(changed)
     preview = json.loads(stack.ok("preview", "--json").stdout)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from providers.kvm.seeddocs import unpacked
 from tests.harness.program import ProgramResult, run_program
 from tests.support.logcapture import ENV_LOG_FILE, leaks, telling_lines
 from tests.support.mock_clouds import DEBIAN, DYNAMIC, HOOK, INSTANCE, UBUNTU
@@ -69,7 +70,8 @@ def secrets_of(result: ProgramResult) -> list[str]:
         if resource.type == DYNAMIC and resource.name.endswith("-credentials"):
             found += [resource.outputs["password"], resource.outputs["password_hash"]]
         elif resource.type == DYNAMIC and resource.name.endswith("-seed"):
-            documents += [resource.inputs["userData"], resource.inputs["vendorData"]]
+            packed = unpacked(resource.inputs)  # providers/kvm/seeddocs.py
+            documents += [packed["userData"], packed["vendorData"]]
         elif resource.type == INSTANCE:
             metadata = resource.inputs["metadata"]
             documents += [metadata.get("user-data", ""), metadata.get("startup-script", "")]

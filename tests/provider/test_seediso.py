@@ -16,6 +16,7 @@ import libvirt
 import pulumi
 import pytest
 
+from providers.kvm.seeddocs import PACKED, packed
 from providers.kvm.seediso import SeedArgs, SeedIso, SeedIsoProvider, build_seed
 from providers.kvm.volumes import MIB, lookup_volume, upload, volume_xml
 from proxyinfra.cloudinit import default_vendor_data, render_meta_data
@@ -73,6 +74,7 @@ def documents(pid: str, **changes: Any) -> dict[str, Any]:
 def props(
     testbed: Testbed, pid: str, provider: SeedIsoProvider | None = None, **changes: Any
 ) -> dict[str, Any]:
+    """The inputs as SeedIso sends them: the documents packed into one."""
     values: dict[str, Any] = {
         "host": access_for(testbed).to_props(),
         "name": seed_volume(pid),
@@ -81,7 +83,7 @@ def props(
         "size": None,
         "sha256": None,
     }
-    return provider_inputs(provider or SeedIsoProvider(), values)
+    return provider_inputs(provider or SeedIsoProvider(), packed(values))
 
 
 def volume_names(pool: Any) -> list[str]:
@@ -144,7 +146,7 @@ def test_a_changed_document_replaces_the_seed_deleting_first(
         diff = engine.diff(proxy, urn, out, props(testbed, proxy, **change))
         assert (diff.action, diff.replaces, diff.delete_before_replace) == (
             "replace",
-            [key],
+            [PACKED],  # the input that holds them all
             True,
         ), key
     # The replacement as the engine runs it: delete, then create the new content.
@@ -228,9 +230,9 @@ def test_the_resource_keeps_documents_and_digest_secret(testbed: Testbed, proxy:
         env={"EGRESS_PROXIES_LOG": "2"},
     ).raise_for_error()
     seed = result.resource("seed", DYNAMIC_TYPE)
-    assert {"userData", "vendorData", "networkConfig"} <= set(seed.secret_inputs)
-    assert "metaData" not in seed.secret_inputs
-    assert {"userData", "vendorData", "networkConfig", "sha256"} <= set(seed.secret_outputs)
+    assert "documents" in seed.secret_inputs  # all four, packed (providers/kvm/seeddocs.py)
+    assert not {"userData", "metaData", "vendorData", "networkConfig"} & set(seed.inputs)
+    assert {"digest", "sha256"} <= set(seed.secret_outputs)
     assert "path" not in seed.secret_outputs and "size" not in seed.secret_outputs
     assert result.is_secret("sha256") and not result.is_secret("path")
     assert result.deleted == result.created  # destroyed again

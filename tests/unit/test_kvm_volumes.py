@@ -14,6 +14,7 @@ import pytest
 from providers.kvm.errors import CapacityError, HostError, HostResourceMissing
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.overlay import OverlayArgs, OverlayProvider
+from providers.kvm.seeddocs import PACKED, packed
 from providers.kvm.seediso import SeedArgs, SeedIsoProvider
 from providers.kvm.volumes import GIB, VolumeInfo
 from tests.support.testdriver import POOL_PATH, TestHost
@@ -102,16 +103,16 @@ def test_overlay_left_by_a_killed_run_is_adopted(test_host: TestHost, base: str)
 def test_seed_create_uploads_the_built_iso_read_and_delete(test_host: TestHost) -> None:
     provider = SeedIsoProvider()
     props = seed_inputs(test_host)
-    created = provider.create(props)
+    created = provider.create(packed(props))
     outs = dict(created.outs or {})
     expected = build_nocloud_iso(USER_DATA, props["metaData"], props["vendorData"], None)
     assert test_host.contents[outs["path"]] == expected
     assert outs["sha256"] == hashlib.sha256(expected).hexdigest()
     assert outs["size"] == len(expected)
     assert dict(provider.read(SEED, outs).outs or {}) == outs
-    changed = seed_inputs(test_host, userData="#cloud-config\n{}\n")
-    assert provider.diff(SEED, outs, changed).replaces == ["userData"]
-    assert provider.diff(SEED, outs, props).changes is False
+    changed = packed(seed_inputs(test_host, userData="#cloud-config\n{}\n"))
+    assert provider.diff(SEED, outs, changed).replaces == [PACKED]
+    assert provider.diff(SEED, outs, packed(props)).changes is False
     provider.delete(SEED, outs)
     assert test_host.volumes() == set() and test_host.contents == {}
 
