@@ -189,6 +189,32 @@ async def steady_state(
     )
 
 
+CONNTRACK = "/proc/sys/net/netfilter/nf_conntrack_"
+waited_s = 0.0  # for room in the connection-tracking table, over the whole run
+
+
+def conntrack_room(connections: int, limit_s: float = 180.0) -> None:
+    """Where the kernel tracks connections (netfilter's conntrack, loaded e.g.
+    by a local Kubernetes), every probe's connection keeps an entry for 120 s
+    after it closes, and a full table drops new connections' packets: probes
+    then time out for the machine's sake, not the engine's (a quiet run at
+    5,000 probes/s filled 262,144 entries). Waits, before a phase, until
+    `connections` more fit in nine tenths of the table (at most `limit_s`)."""
+    global waited_s
+    try:
+        with open(CONNTRACK + "max") as file:
+            most = int(file.read())
+    except OSError:
+        return  # no connection tracking: nothing to wait for
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        with open(CONNTRACK + "count") as file:
+            if int(file.read()) + connections <= most * 0.9:
+                break
+        time.sleep(1)  # between phases: no engine runs meanwhile
+    waited_s += time.monotonic() - start
+
+
 def use_loop(name: str) -> None:
     """The event loop asyncio.run makes from now on: "uvloop" is what a
     discovery replica runs (uvicorn's loop="auto" takes it when installed)."""

@@ -24,8 +24,10 @@ and measured with its own CPU time (user + system). In the same run:
 
 Baselines and first rounds run --rounds times, interleaved, and are
 reported as median (min-max): the wall-clock rates move with whatever else
-the machine runs, CPU per probe much less. The whole run takes about four
-minutes.
+the machine runs, CPU per probe much less. Where the kernel tracks
+connections (conntrack), each phase first waits for room in its table
+(bench/_probe_rounds.py: a full one drops probes' packets). The whole run
+takes about four minutes, more with those waits.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ import statistics
 import subprocess
 import sys
 
+from bench import _probe_rounds
 from bench._probe_rounds import (
     TARGET,
     Run,
     Steady,
+    conntrack_room,
     first_round,
     measured,
     steady_state,
@@ -127,6 +131,7 @@ async def baselines(fleet: list[ProxyEndpoint], args: argparse.Namespace) -> dic
     # Interleaved, so a burst of other work on the machine hits both alike.
     for _ in range(args.rounds):
         for label, exchange in ((CONNECT_ONLY, False), (PLAIN_CONNECT, True)):
+            conntrack_room(len(fleet))
             rounds[label].append(
                 await measured(label, len(fleet), plain_loop(fleet, args.workers, exchange))
             )
@@ -137,7 +142,11 @@ async def one_size(
     fleet: list[ProxyEndpoint], args: argparse.Namespace, loop: str
 ) -> tuple[list[Run], Steady]:
     label = f"{len(fleet):,} proxies, {loop}"
-    first = [await first_round(fleet, args, f"{label}: first round") for _ in range(args.rounds)]
+    first = []
+    for _ in range(args.rounds):
+        conntrack_room(len(fleet))
+        first.append(await first_round(fleet, args, f"{label}: first round"))
+    conntrack_room(2 * len(fleet))  # its own first round, then the interval
     return first, await steady_state(fleet, args, f"{label}: steady {args.interval:g} s")
 
 
@@ -175,6 +184,7 @@ def run_bench(args: argparse.Namespace, ports: list[int], responder: int) -> Non
             needed[f"{size:,} proxies, {loop}"] = steady.core_needed()
     largest = make_fleet(sizes[-1], ports)
     os.sched_setaffinity(responder, range(os.cpu_count() or 1))  # the replicas take a core each
+    conntrack_room(2 * len(largest))
     print(
         f"{sizes[-1]:,} proxies shared by {args.replicas} replicas (uvloop), "
         f"one steady {args.interval:g} s interval at the same time:"
@@ -219,6 +229,10 @@ def main() -> None:
         responder.stdin.close()
         responder.wait(timeout=30)
     print(f"responder CPU over the whole run: {responder_cpu:.1f} s")
+    print(
+        f"waited {_probe_rounds.waited_s:.0f} s in all for room in the kernel's "
+        "connection-tracking table before phases"
+    )
     # Other work on the machine slows the wall-clock figures more than CPU per probe.
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
 
