@@ -82,6 +82,9 @@ class _AlwaysHealthy:
     def report_error(self, name: str, error: str) -> None:
         pass
 
+    def take_changed(self) -> list[Any]:
+        return []  # never probed: every proxy keeps the health it started with
+
     async def probe_now(self, name: str) -> Any:
         return self._states[name]
 

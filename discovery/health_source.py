@@ -28,6 +28,10 @@ class HealthSource(Protocol):
 
     def report_error(self, name: str, error: str) -> None: ...
 
+    # The proxies probed or reported since the last call: a PostgreSQL
+    # replica writes only those each second, not its whole share.
+    def take_changed(self) -> list[ProxyHealth]: ...
+
     async def probe_now(self, name: str) -> ProxyHealth: ...
 
 

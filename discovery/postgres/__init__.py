@@ -1,2 +1,3 @@
 """The lease book on PostgreSQL: replicas sharing one database, which holds
-the state (book.py, store.py); one replica probes (leadership.py)."""
+the state (book.py, store.py); each replica probes its share of the fleet
+(leadership.py, sharing.py)."""

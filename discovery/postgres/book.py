@@ -83,7 +83,7 @@ class PostgresBook:
         terms: Terms,
     ) -> None:
         self._store = store
-        self._probes = probes  # told this replica's fleet; probes it (and more) while leading
+        self._probes = probes  # told this replica's fleet; probes its share of every fleet
         self._metrics = metrics
         self._terms = terms
         self._fleet: dict[str, FleetProxy] = {}
@@ -122,7 +122,7 @@ class PostgresBook:
         return FleetChange(diff.added, diff.removed, diff.changed, revoked)
 
     def on_health_change(self, name: str, health: Health) -> None:
-        """Health reaches this book through the database (the leader writes it)."""
+        """Health reaches this book through the database (each proxy's prober writes it)."""
 
     async def maintain(self) -> None:
         """Registers this fleet again (a guard against a replica with an older
@@ -246,7 +246,7 @@ class PostgresBook:
                 merged = Cooldown(target, scopes[target])
                 await db.put_cooldown(lease.proxy, merged.target, merged.until)
             if effect.error is not None:
-                await db.add_error(lease.proxy, effect.error)  # the leader's prober counts it
+                await db.add_error(lease.proxy, effect.error)  # the proxy's prober counts it
             return lease.proxy, merged
 
     async def release(self, lease_id: str) -> None:

@@ -291,13 +291,8 @@ class Leadership:
         rows: list[tuple[str, HealthView]] = []
         written = self._written
         mine = self._share
-        take_changed = getattr(self._engine, "take_changed", None)  # not the tests' fakes
-        if take_changed is None or self._whole:
-            if take_changed is not None:
-                take_changed()
-            states = self._engine.all()
-        else:
-            states = take_changed()
+        probed = self._engine.take_changed()
+        states = self._engine.all() if self._whole else probed
         self._whole = False
         for state in states:
             if state.health == Health.UNKNOWN or state.name not in mine:

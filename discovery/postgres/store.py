@@ -127,7 +127,7 @@ class PostgresStore:
         await self._pool.close()
 
     async def connect_alone(self) -> psycopg.AsyncConnection[Any]:
-        """A connection outside the pool (the leader's lock lives as long as it)."""
+        """A connection outside the pool (a probing slot lives as long as it)."""
         try:
             return await psycopg.AsyncConnection.connect(
                 self.database.url, autocommit=True, connect_timeout=5
@@ -293,7 +293,7 @@ class PostgresStore:
         async with self.connection(transaction=False) as conn:
             return await self.all(conn, HealthCount, q.GAUGES, self.params())
 
-    # -- the leader's, on a connection of its own (not the pool a busy replica fills) ------
+    # -- a prober's, on a connection of its own (not the pool a busy replica fills) -------
 
     async def write_health(
         self,

@@ -1,8 +1,9 @@
 """Issue 39, finding 5: proxies only a non-probing replica served were never
 probed. Only the replica holding the probing lock probed, and only its own
 fleet: another replica's five extra proxies stayed `unknown` for ever and
-its grants on them answered 409 "5 not healthy". Now the prober probes
-every proxy a live replica's fleet holds, and says so in its log.
+its grants on them answered 409 "5 not healthy". Now the probing replicas
+share every proxy a live replica's fleet holds (issue 42: each its share),
+and each says in its log which proxies only other replicas serve.
 
 Two real replicas on the real PostgreSQL, with different fleet files, and
 real CONNECT responders for every proxy."""
@@ -35,8 +36,8 @@ def health(server: ServiceProcess) -> dict[str, str]:
         return {name: p["health"] for name, p in proxies(client).items()}
 
 
-def leads(server: ServiceProcess) -> bool:
-    return any(e["event"].startswith("leading") for e in server.events())
+def probes(server: ServiceProcess) -> bool:
+    return any(e["event"] == "probing a share of the fleet" for e in server.events())
 
 
 def test_proxies_only_a_non_probing_replica_serves_are_probed(
@@ -53,14 +54,14 @@ def test_proxies_only_a_non_probing_replica_serves_are_probed(
     b = replica(database, fleet_b, tmp_path / "b.log")
     try:
         a.start()
-        wait_for(lambda: leads(a), timeout=10, what="replica a to lead")
+        wait_for(lambda: probes(a), timeout=10, what="replica a to probe")
         b.start()
         wait_for(
             lambda: set(health(b).values()) == {"healthy"},
             timeout=15,
             what="every proxy of b's fleet healthy",
         )
-        assert not leads(b)  # a probed them all
+        assert probes(b)  # the two share them, b's extra proxies too
         with httpx.Client(base_url=b.url, timeout=5) as client:
             for name in only_b:
                 got = client.post(

@@ -132,6 +132,11 @@ class FakeHealth:
     def report_error(self, name: str, error: str) -> None:
         self.errors.append((name, error))
 
+    def take_changed(self) -> list[ProxyHealth]:
+        # Every state, each time: tests change `states` directly too, and a
+        # replica writes only what differs from what it wrote.
+        return self.all()
+
     async def probe_now(self, name: str) -> ProxyHealth:
         return self.states[name]
 
