@@ -116,32 +116,22 @@ class Seen:
 def holding(kind: str, w: World) -> Iterator[Callable[[], Seen]]:
     """A lease for shop.example held by `kind` (alease, lease, pool), and how it looks now."""
     clock = w.clock
+    # What both managers are given alike; each gets its own client.
+    terms: dict[str, Any] = {
+        "sleep": clock.sleep,
+        "clock": clock,
+        "ttl": TTL,
+        "wait": 0.0,
+        "token": "",
+    }
     if kind == "lease":
-        with lease(
-            w.server.url,
-            "keeper",
-            http=w.client(),
-            sleep=clock.sleep,
-            clock=clock,
-            ttl=TTL,
-            wait=0.0,
-            token="",
-        ) as proxy:
+        with lease(w.server.url, "keeper", http=w.client(), **terms) as proxy:
             yield lambda: Seen(proxy.id, proxy.url, proxy.expires_at.timestamp(), proxy.lost)
         return
     loop = LoopThread()
     try:
         if kind == "alease":
-            manager = alease(
-                w.server.url,
-                "keeper",
-                http=w.client(),
-                sleep=clock.sleep,
-                clock=clock,
-                ttl=TTL,
-                wait=0.0,
-                token="",
-            )
+            manager = alease(w.server.url, "keeper", http=w.client(), **terms)
             handle = loop.run(manager.__aenter__())
             try:
                 yield lambda: Seen(

@@ -21,23 +21,16 @@ from providers.kvm.seeddocs import (
     packed,
     unpacked,
 )
-from providers.kvm.seediso import SeedArgs, SeedIsoProvider
+from providers.kvm.seediso import SeedIsoProvider
+from tests.support.seeds import SEED, seed_props
 from tests.support.testdriver import TestHost
 
-SEED = "proxy-0123456789-seed.iso"
 USER_DATA = "#cloud-config\npassword: hunter2-never-stored-twice\n"
 
 
 def unpacked_inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
     """The inputs as the earlier release sent them: each document a key."""
-    args: SeedArgs[str] = SeedArgs(
-        host=host.access(),
-        name=SEED,
-        user_data=USER_DATA,
-        meta_data="instance-id: proxy-0123456789-00000000\n",
-        vendor_data="#!/bin/sh\ntrue\n",
-    )
-    return args.to_props() | changes
+    return seed_props(host, USER_DATA, **changes)
 
 
 def packed_inputs(host: TestHost, **changes: Any) -> dict[str, Any]:

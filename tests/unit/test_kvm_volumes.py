@@ -15,12 +15,12 @@ from providers.kvm.errors import CapacityError, HostError, HostResourceMissing
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.overlay import OverlayArgs, OverlayProvider
 from providers.kvm.seeddocs import PACKED, packed
-from providers.kvm.seediso import SeedArgs, SeedIsoProvider
+from providers.kvm.seediso import SeedIsoProvider
 from providers.kvm.volumes import GIB, VolumeInfo
+from tests.support.seeds import SEED, seed_props
 from tests.support.testdriver import POOL_PATH, TestHost
 
 OVERLAY = "proxy-0123456789.qcow2"
-SEED = "proxy-0123456789-seed.iso"
 USER_DATA = "#cloud-config\npassword: hunter2-never-logged\n"
 
 
@@ -36,14 +36,7 @@ def overlay_inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
 
 
 def seed_inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
-    args: SeedArgs[str] = SeedArgs(
-        host=host.access(),
-        name=SEED,
-        user_data=USER_DATA,
-        meta_data="instance-id: proxy-0123456789-00000000\n",
-        vendor_data="#!/bin/sh\ntrue\n",
-    )
-    return args.to_props() | changes
+    return seed_props(host, USER_DATA, **changes)
 
 
 @pytest.fixture
