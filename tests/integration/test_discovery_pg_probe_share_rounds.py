@@ -40,6 +40,7 @@ TERMS = Terms(max_ttl=60, cooldown=60, probe_interval=5.0)
 
 class Replica:
     def __init__(self, url: str) -> None:
+        self.url = url
         self.backend = PostgresBackend(PostgresUrl(url), TERMS)
         self.health = FakeHealth(Listener())
         self.slot_conn: psycopg.AsyncConnection[Any] | None = None
@@ -59,9 +60,21 @@ class Replica:
         await self.prober.step(self.slot_conn)
 
     async def die(self) -> None:
-        """Its slot's connection closes, as when its process is killed."""
+        """Its slot's connection closes, as when its process is killed; back
+        once PostgreSQL has ended that session (and released its slot), which
+        the server does a moment after the socket closes."""
         assert self.slot_conn is not None
+        backend = self.slot_conn.info.backend_pid
         await self.slot_conn.close()
+        for _ in range(100):
+            with psycopg.connect(self.url) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE pid = %s", (backend,)
+                ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"PostgreSQL kept session {backend}'s locks for 5 s")
 
     async def stop(self) -> None:
         if self.slot_conn is not None and not self.slot_conn.closed:
