@@ -126,7 +126,9 @@ def test_waits_what_retry_after_says_then_gets_the_proxy(tmp_path: Path) -> None
         assert held.name == "p0"
 
     asyncio.run(run())
-    assert counts["leases/denied"] == 1
+    # Denied first; a busy machine's expiry sweep (once a second, real time
+    # here) may not have ended the other lease by the retry, so perhaps again.
+    assert counts["leases/denied"] >= 1
     # Retry-After: 2 (the other lease's end), with up to 10 % of jitter.
     assert 1.9 <= sleeps.asked[0] <= 2.2 + 0.01, sleeps.asked
 
