@@ -16,9 +16,7 @@ real crawls through squids are in test_crawlers.py."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from tests.support.crawler_pool import (
     service,
 )
 from tests.support.discovery import ServerThread, wait_for
+from tests.support.http import LoopbackServer, QuietHandler
 
 
 def test_a_site_holds_its_leases_and_spreads_requests_over_them(tmp_path: Path) -> None:
@@ -348,7 +347,7 @@ def start_server(tmp_path: Path, ports: list[int], **options: Any) -> ServerThre
     return ServerThread(fleet_settings(tmp_path, ports, **options)).start()
 
 
-class FakeProxy:
+class FakeProxy(LoopbackServer):
     """Answers every proxied request with one status (a proxy that refuses
     credentials says 407; one that works passes on the page)."""
 
@@ -358,7 +357,7 @@ class FakeProxy:
         self.requests: list[str] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 fake.requests.append(self.path)
                 self.send_response(fake.status)
@@ -366,16 +365,7 @@ class FakeProxy:
                 self.end_headers()
                 self.wfile.write(fake.body)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.httpd.server_address[1])
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def test_a_body_read_for_the_ban_check_reaches_the_caller_whole(tmp_path: Path) -> None:

@@ -8,11 +8,9 @@ test_client_renewals.py."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import httpx
 from discovery.service import Service
 from egress_proxies_client import LeasePool
 from tests.support.discovery import FakeHealth, app_client, proxy_entry, settings_for, write_fleet
+from tests.support.http import LoopbackServer, QuietHandler
 
 PASSWORD = "pw-of-the-pool"
 URL = "http://discovery"  # the app_client's base URL
@@ -114,7 +113,7 @@ def proxies_answering(by_port: dict[int, Callable[[httpx.Request], httpx.Respons
     return make
 
 
-class RefusingProxy:
+class RefusingProxy(LoopbackServer):
     """A proxy on a socket that refuses every CONNECT with 407, as squid does
     when the credentials are wrong: what a crawler of https sites meets."""
 
@@ -122,7 +121,7 @@ class RefusingProxy:
         self.connects: list[str] = []
         refusing = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_CONNECT(self) -> None:
                 refusing.connects.append(self.path)
                 self.send_response(407)
@@ -130,13 +129,4 @@ class RefusingProxy:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.httpd.server_address[1])
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)

@@ -15,6 +15,14 @@ download.
 
 Built on the standard library's ThreadingHTTPServer: one thread per
 connection, so a slow or abandoned client never blocks the next test.
+LoopbackServer serves any handler class the same way (a fake proxy, say):
+
+    class Refusing(QuietHandler):
+        def do_CONNECT(self) -> None: ...
+
+    server = LoopbackServer(Refusing)         # serving on server.port at once
+    ...
+    server.close()
 """
 
 from __future__ import annotations
@@ -77,6 +85,10 @@ class ServedInThread:
         httpd.daemon_threads = True
         self._httpd = httpd
 
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
     def start(self) -> Self:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -104,6 +116,25 @@ class ServedInThread:
         self.stop()
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that writes no access log: tests read what they record."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class LoopbackServer(ServedInThread):
+    """`handler` served on a free port of 127.0.0.1 from a daemon thread,
+    from construction until close()."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._serve(ThreadingHTTPServer(("127.0.0.1", 0), handler))
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+
+
 class FileServer(ServedInThread):
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._routes: dict[str, Route] = {}
@@ -111,12 +142,6 @@ class FileServer(ServedInThread):
         self._lock = threading.Lock()
         self._host = host
         self._serve(ThreadingHTTPServer((host, 0), _handler_for(self)))
-
-    # -- lifecycle ---------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     # -- routes ------------------------------------------------------------------------
 
@@ -171,7 +196,7 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):  # tests read counts, not access logs
     files: FileServer
     protocol_version = "HTTP/1.1"  # keep-alive, like a real mirror
 
@@ -180,9 +205,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         self._answer(body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # tests read counts, not access logs
 
     def _answer(self, *, body: bool) -> None:
         # Decoded as a web server does: apt asks for `+` and `~` as %2b and %7e.
