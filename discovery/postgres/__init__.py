@@ -1,3 +1,3 @@
 """The lease book on PostgreSQL: replicas sharing one database, which holds
 the state (book.py, store.py); each replica probes its share of the fleet
-(leadership.py, sharing.py)."""
+(prober.py, sharing.py)."""

@@ -53,7 +53,7 @@ from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres import fleets
 from discovery.postgres.batches import Batches
-from discovery.postgres.leadership import Leadership
+from discovery.postgres.prober import Prober
 from discovery.postgres.rows import GrantRow
 from discovery.postgres.store import Pick, PostgresStore, StoreBusy, eligibility_key
 from discovery.selection import Selector
@@ -78,7 +78,7 @@ class PostgresBook:
         self,
         *,
         store: PostgresStore,
-        probes: Leadership,
+        probes: Prober,
         metrics: Metrics,
         terms: Terms,
     ) -> None:

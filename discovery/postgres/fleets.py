@@ -7,7 +7,7 @@ reports and releases only on proxies carrying its own tag, so a proxy its
 fleet lacks is never handed out or touched by it (a 404 or a 409, never a
 lease it cannot describe; that 404 ends the lease, book.py). Each proxy's
 row also holds how to reach it, so that the prober, whatever its own fleet,
-probes it (leadership.py). Replicas register their fleet at start and every
+probes it (prober.py). Replicas register their fleet at start and every
 maintenance round; a fleet no replica has registered for FLEET_TTL_S is
 dropped, and a proxy no remaining fleet holds leaves the store with its
 lease (revoked), cooldowns and usage: what a fleet change does at once on
@@ -72,7 +72,7 @@ async def register(
             "zone": p.zone,
             "labels": json.dumps(dict(p.labels)),
             "fleet": tag,
-            # For the prober, which may serve another fleet (leadership.py).
+            # For the prober, which may serve another fleet (prober.py).
             "host": p.host,
             "port": p.port,
             "username": p.username,

@@ -2,7 +2,7 @@
 replicas on PostgreSQL.
 
 A replica probes while it holds a probing slot: a session advisory lock
-(PROBER_CLASS, slot) on its own connection (leadership.py). The live slots
+(PROBER_CLASS, slot) on its own connection (prober.py). The live slots
 are the granted locks of that class in this database (pg_locks), so the set
 of probers is what PostgreSQL itself holds: a replica killed loses its slot
 when its connection dies, with no heartbeat table to expire.

@@ -20,7 +20,7 @@ Every database failure becomes StoreError, whose text (the database's URL
 without its password, and the reason) is for the log only. Waiting too long
 for a pooled connection is StoreBusy instead, while the database answers
 (`failure` is None): load, not an outage. Whether it answers is judged by
-the replica's own connection (leadership.py), never by the pool, which a
+the replica's own connection (prober.py), never by the pool, which a
 busy replica fills.
 """
 
@@ -96,7 +96,7 @@ class PostgresStore:
             name="discovery",
         )
         # Why the database cannot be reached, as the replica's own connection
-        # last found (leadership.py); None while it answers (readiness).
+        # last found (prober.py); None while it answers (readiness).
         self.failure: str | None = None
         self._busy = 0  # requests refused as busy since the last log line
         self._busy_logged = 0.0

@@ -1,5 +1,5 @@
 """Issue 42, point 3: what a replica does with its share of the fleet, round
-by round (discovery/postgres/leadership.py), on the real PostgreSQL: two
+by round (discovery/postgres/prober.py), on the real PostgreSQL: two
 replicas' probers in this process, each on its own slot connection, their
 rounds driven by the test (`step`: the slot and the live slots; `sync`:
 health out, error reports in). Each engine is given its share alone, each
@@ -25,7 +25,7 @@ from discovery.book.rules import Terms
 from discovery.database import PostgresUrl
 from discovery.metrics import Metrics
 from discovery.postgres.backend import PostgresBackend
-from discovery.postgres.leadership import Leadership
+from discovery.postgres.prober import Prober
 from tests.support.discovery import FakeHealth
 from tests.support.lease_world import Listener, simple_fleet
 from tests.support.postgres import PostgresServer
@@ -46,9 +46,9 @@ class Replica:
         self.slot_conn: psycopg.AsyncConnection[Any] | None = None
 
     @property
-    def prober(self) -> Leadership:
-        assert self.backend.leadership is not None
-        return self.backend.leadership
+    def prober(self) -> Prober:
+        assert self.backend.prober is not None
+        return self.backend.prober
 
     async def start(self) -> None:
         self.backend.open()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from discovery.postgres.leadership import FLUSH_S
+from discovery.postgres.prober import FLUSH_S
 from tests.support.discovery import ServiceProcess, wait_for
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres

@@ -9,7 +9,7 @@ discovery/postgres/backend.py), given the fake clock:
 - SQLite: on a file of the test's; `Faults`, the backend's write hook,
   stands between the book and the store to fail or hold writes.
 - PostgreSQL: on a fresh database of the session's server (scripts/postgres),
-  with the replica's leader step (health written to the database, crawlers'
+  with the replica's prober step (health written to the database, crawlers'
   errors handed to the engine) run before and after every call, as if its
   flush interval were zero.
 
@@ -38,7 +38,7 @@ from discovery.database import PostgresUrl
 from discovery.fleet import Fleet, parse_fleet
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres.backend import PostgresBackend
-from discovery.postgres.leadership import Leadership
+from discovery.postgres.prober import Prober
 from discovery.selection import Selector
 from discovery.sqlite.backend import SqliteBackend
 from discovery.sqlite.book import SqliteBook
@@ -109,9 +109,9 @@ class Synced:
     """A PostgreSQL book whose replica probes the whole fleet with a zero
     flush interval: the prober's round runs around every call."""
 
-    def __init__(self, book: LeaseBook, leader: Leadership) -> None:
+    def __init__(self, book: LeaseBook, prober: Prober) -> None:
         self._book = book
-        self._leader = leader
+        self._prober = prober
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._book, name)
@@ -119,11 +119,11 @@ class Synced:
             return attribute
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            await self._leader.sync()
+            await self._prober.sync()
             try:
                 return await attribute(*args, **kwargs)
             finally:
-                await self._leader.sync()
+                await self._prober.sync()
 
         return call
 
@@ -279,15 +279,15 @@ async def _postgres(
     backend.open()
     try:
         book = await backend.start(fleet, health, metrics)
-        leader = backend.leadership
-        assert leader is not None
+        prober = backend.prober
+        assert prober is not None
         # The replica alone takes a probing slot: its share is the whole fleet.
         slot = await backend.store.connect_alone()
         try:
-            await leader.step(slot)
-            assert leader.probing and leader.share == set(fleet.proxies)
-            await leader.sync()
-            synced: Any = Synced(book, leader)
+            await prober.step(slot)
+            assert prober.probing and prober.share == set(fleet.proxies)
+            await prober.sync()
+            synced: Any = Synced(book, prober)
             await scenario(World(synced, health, clock, metrics, "postgres", rows))
         finally:
             await slot.close()

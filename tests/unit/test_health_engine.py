@@ -252,7 +252,7 @@ def test_crawler_error_report_counts_as_a_failed_probe() -> None:
 
 def test_take_changed_gives_the_proxies_probed_or_reported_since_the_last_call() -> None:
     """What the PostgreSQL prober writes each round: only what changed, not a
-    snapshot of the whole fleet (discovery/postgres/leadership.py)."""
+    snapshot of the whole fleet (discovery/postgres/prober.py)."""
     eng = engine(FakeProbe(results={"b": [failed()]}))
     eng.set_fleet(endpoints("a", "b", "c"))
     assert eng.take_changed() == []  # added, not probed: nothing learnt yet

@@ -24,7 +24,7 @@ others see it at their next read (FLUSH_S) and probe its proxies from then
 on. A replica that loses its connection stops probing until it holds a slot
 again.
 
-The class keeps its name from when one replica led (book.py holds one)."""
+The Prober is this replica's part in all of that; the book holds it (book.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _named(names: Iterable[str]) -> str:
     return ", ".join(ordered[:NAMES_LOGGED]) + more
 
 
-class Leadership:
+class Prober:
     def __init__(
         self, store: PostgresStore, engine: HealthSource, *, probe_interval: float
     ) -> None:
@@ -154,7 +154,7 @@ class Leadership:
             while True:
                 await self.step(conn)
                 if self._slot is not None and work is None:
-                    work = asyncio.get_running_loop().create_task(self._lead())
+                    work = asyncio.get_running_loop().create_task(self._work_rounds())
                 await asyncio.sleep(FLUSH_S if self._slot is not None else self._retry)
         finally:
             if work is not None:
@@ -217,7 +217,7 @@ class Leadership:
 
     # -- the replica's work on its share, on a second connection ---------------------------
 
-    async def _lead(self) -> None:
+    async def _work_rounds(self) -> None:
         while True:
             try:
                 await self.sync()
@@ -312,4 +312,4 @@ class Leadership:
         written.update(rows)
 
 
-__all__ = ["CHECK_TIMEOUT_S", "FLUSH_S", "NAMES_LOGGED", "Leadership"]
+__all__ = ["CHECK_TIMEOUT_S", "FLUSH_S", "NAMES_LOGGED", "Prober"]
