@@ -157,6 +157,12 @@ class Backend(Protocol):
     takes_user_data: bool
     """Whether its proxies boot with cloud-init, so ``userData`` means something."""
 
+    adopts_leftovers: bool
+    """Whether each create of its resources takes over what a killed run left
+    under the same name, so that a run creating only its resources loses
+    nothing when the state is written once, at the end
+    (``PULUMI_SKIP_CHECKPOINTS``: the autopilot's updates, docs/autopilot.md)."""
+
     plugin: Plugin | None
     """The Pulumi resource plugin its resources need (None: none, or dynamic only)."""
 

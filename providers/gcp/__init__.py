@@ -26,6 +26,7 @@ class GcpBackend:
     entry_model: builtins.type[ProviderEntry] = GcpProviderEntry
     provisions = True
     takes_user_data = True
+    adopts_leftovers = False  # a lost instance is an orphan that costs money
     plugin: Plugin | None = sdk_plugin("pulumi_gcp")
     pattern_words: Mapping[str, str] = {
         GCP_IMAGE_PATTERN: "must be an image path projects/P/global/images/family/F "

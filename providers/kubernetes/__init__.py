@@ -27,6 +27,7 @@ class KubernetesBackend:
     entry_model: builtins.type[ProviderEntry] = KubernetesProviderEntry
     provisions = True
     takes_user_data = False  # squid's config comes from a ConfigMap, not cloud-init
+    adopts_leftovers = False  # not tested to take over what a killed run left
     plugin: Plugin | None = sdk_plugin("pulumi_kubernetes")
     pattern_words: Mapping[str, str] = {
         QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 1, 64Mi or 1Gi",

@@ -8,14 +8,20 @@ source of truth.
   ``set_config(..., path=True)`` (what `pulumi config set --path` does).
 - That file gets the autopilot's edits and nothing of the backend's (no
   ``encryptionsalt``: saltless.py), so `scripts/up` runs on them next.
-- Two commands are run through the Automation API's command runner rather
-  than its ``Stack`` methods, since those decrypt every secret of the state
-  into this process: ``export_stack`` exports with ``--show-secrets``, and
-  ``up`` reads every output (twice, plain and revealed) after the update.
-  The autopilot needs neither: it reads URNs and creation times, and an
-  update's summary from the history. Each of those is one more read of the
-  whole state, too: at 400 proxies they were half the round's engine CPU
-  (docs/autopilot.md, "Cost measured").
+- On a file backend the state's resources and the number of updates are
+  read from the backend's files (statefile.py): no CLI command, no
+  secrets manager. Elsewhere `stack export` runs, and the updates are
+  counted from the history.
+- Two commands are run through the Automation API's command runner
+  rather than its ``Stack`` methods, since those decrypt every secret of
+  the state into this process: ``export_stack`` exports with
+  ``--show-secrets``, and ``up`` reads every output (twice, plain and
+  revealed) after the update. The autopilot needs neither: it reads URNs
+  and creation times, and an update's summary from the history. Each of
+  those is one more read of the whole state, too: at 400 proxies they were
+  half the round's engine CPU (docs/autopilot.md, "Cost measured").
+- An update whose creates are all taken over after a kill (kvm) runs with
+  ``PULUMI_SKIP_CHECKPOINTS=true`` unless the operator set it (targets.py).
 - The lock: on a file (DIY) backend the lock files under
   ``.pulumi/locks/`` name their holder (user@host, pid, since), and a dead
   one on this host is named stale with its remedy (locks.py); on any
@@ -27,8 +33,9 @@ source of truth.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -46,12 +53,20 @@ from proxyinfra.autopilot.seam import (
     Updated,
     UpdateFailed,
 )
+from proxyinfra.autopilot.statefile import checkpoint_resources, update_count
 from proxyinfra.partial import ticket
 from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
 
 T = TypeVar("T")
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
 _ERROR_LINES = 6
+SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
+
+
+def checkpoint_env(checkpoints: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The engine's setting for an update that may skip its per-step
+    checkpoints (targets.py); an operator's own wins, either way."""
+    return {} if checkpoints or SKIP_CHECKPOINTS in environ else {SKIP_CHECKPOINTS: "true"}
 
 
 def _holder_of(text: str) -> str | None:
@@ -85,8 +100,11 @@ class AutomationStack:
 
     def read(self) -> Deployed:
         raw = read_raw(self._file)
-        exported = self._saltless(lambda: self._run(["stack", "export"]))
-        deployment = json.loads(exported.stdout).get("deployment") or {}
+        root = backend_dir()
+        found = checkpoint_resources(root, self._project, self.name) if root else None
+        if found is None:
+            exported = self._saltless(lambda: self._run(["stack", "export"]))
+            found = (json.loads(exported.stdout).get("deployment") or {}).get("resources") or []
         resources = [
             DeployedResource(
                 urn=r["urn"],
@@ -94,7 +112,7 @@ class AutomationStack:
                 parent=r.get("parent") or None,
                 created=_time(r.get("created")),
             )
-            for r in deployment.get("resources") or []
+            for r in found
         ]
         return Deployed(config=raw, resources=resources)
 
@@ -112,16 +130,24 @@ class AutomationStack:
             return None
         return lock_holder(root, self._project, self.name)
 
-    def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
+    def update(
+        self,
+        message: str,
+        targets: Sequence[str],
+        registers: Sequence[str],
+        *,
+        checkpoints: bool = True,
+    ) -> Updated:
         if not targets:
             raise ValueError("an update without targets would be a whole `pulumi up`")
         try:
             with ticket(self.name, registers) as entry:
-                self._env.update(entry)
+                for_update = {**entry, **checkpoint_env(checkpoints)}
+                self._env.update(for_update)
                 try:
                     self._saltless(lambda: self._up(message, targets))
                 finally:
-                    for key in entry:
+                    for key in for_update:
                         self._env.pop(key, None)
         except auto.ConcurrentUpdateError as error:
             # The lock file says more than the engine's message (a dead holder).
@@ -130,8 +156,11 @@ class AutomationStack:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
         (summary,) = self._saltless(lambda: self._stack.history(page_size=1, show_secrets=False))
-        number = summary.version or len(
-            self._saltless(lambda: self._stack.history(show_secrets=False))
+        root = backend_dir()
+        number = (
+            summary.version
+            or (update_count(root, self._project, self.name) if root else None)
+            or len(self._saltless(lambda: self._stack.history(show_secrets=False)))
         )
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))

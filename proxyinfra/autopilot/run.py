@@ -265,7 +265,12 @@ class Autopilot:
                         # an update without targets would be a whole `up`.
                         return _Outcome("applied", error=None)
                     try:
-                        updated = self.stack.update(change.message, edit.targets, edit.registers)
+                        updated = self.stack.update(
+                            change.message,
+                            edit.targets,
+                            edit.registers,
+                            checkpoints=edit.checkpoints,
+                        )
                     except StackBusy as busy:
                         self.stack.set_config(edit.path, edit.before)
                         holder = busy.holder or ""

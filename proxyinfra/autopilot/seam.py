@@ -78,11 +78,19 @@ class Stack(Protocol):
         by someone the backend does not name, None when it is free or the
         backend cannot tell (then `update` finds out)."""
 
-    def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
+    def update(
+        self,
+        message: str,
+        targets: Sequence[str],
+        registers: Sequence[str],
+        *,
+        checkpoints: bool = True,
+    ) -> Updated:
         """`pulumi up` of TARGETS only (URNs, wildcards allowed) with MESSAGE,
         the program registering only the replicas REGISTERS names
-        (proxyinfra/partial.py); raises StackBusy when the lock is held,
-        UpdateFailed when it fails."""
+        (proxyinfra/partial.py); the state written after each step unless
+        CHECKPOINTS is False and the operator did not say otherwise; raises
+        StackBusy when the lock is held, UpdateFailed when it fails."""
 
 
 class Clock(Protocol):

@@ -11,6 +11,12 @@ whose URNs are not known before the program registers them. The root stack
 is targeted implicitly by the engine (3.274: providers and the root stack
 always are), so its ``fleet`` output, the manifest the discovery service
 reads, is written by the targeted update too.
+
+An update whose creates are all of a backend that takes over what a killed
+run left (kvm: fixed names) writes the state once, at its end, instead of
+after every step (``PULUMI_SKIP_CHECKPOINTS``): on a file backend each
+checkpoint rewrites the whole state, which made a recycle's cost grow with
+the stack (docs/autopilot.md, "Cost measured").
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from proxyinfra.backend import FLEET_RESOURCE
 from proxyinfra.config import StackConfig
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.generations import parse_name, replica_name
+from proxyinfra.registry import backends
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,9 @@ class Edit:
     targets: tuple[str, ...]
     proxies: tuple[str, ...]  # the replicas that leave, then those that come
     registers: tuple[str, ...]  # the replicas the update's partial run registers: those that come
+    # Whether the engine must write the state after each step: False when
+    # every resource it creates is taken over by a rerun after a kill.
+    checkpoints: bool = True
 
 
 def proxy_urn(stack: str, project: str, name: str) -> str:
@@ -78,6 +88,9 @@ def edit_for(
         return proxy_urn(stack, project, name)
 
     generations = _generations(raw)
+    index = next(i for i, entry in enumerate(config.proxies) if entry.name == change.group)
+    provider = config.providers[config.proxies[index].provider]
+    checkpoints = not backends()[provider.type].adopts_leftovers
     if isinstance(change, Recycle):
         slot, generation = parse_name(change.proxy)
         new = replica_name(slot, generation + 1)
@@ -90,8 +103,8 @@ def edit_for(
             (*leaving, urn(new), *carriers),
             (change.proxy, new),
             (new,),
+            checkpoints,
         )
-    index = next(i for i, entry in enumerate(config.proxies) if entry.name == change.group)
     raw_entry = raw["proxies"][index]
     before = raw_entry.get("replicas") if isinstance(raw_entry, Mapping) else None
     low, high = sorted((change.before, change.after))
@@ -108,4 +121,5 @@ def edit_for(
         (*targets, *carriers) if targets else (),
         names,
         () if shrinks else names,
+        checkpoints,
     )

@@ -202,11 +202,12 @@ def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> Non
 
 
 class _Recording(auto.PulumiCommand):
-    """The real CLI, each command's arguments kept."""
+    """The real CLI, each command's arguments and added environment kept."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
 
     def run(
         self,
@@ -217,6 +218,7 @@ class _Recording(auto.PulumiCommand):
         on_error: auto.OnOutput | None = None,
     ) -> auto.CommandResult:
         self.seen.append(list(args))
+        self.envs.append(dict(additional_env))
         return super().run(args, cwd, additional_env, on_output, on_error)
 
 
@@ -226,18 +228,40 @@ def test_the_autopilot_s_commands_reveal_no_secret(
 ) -> None:
     """What it reads of a stack (URNs, creation times, an update's summary) is
     not secret, so no command it runs decrypts the state's secrets into it;
-    each would be one more read of the whole state, too (automation.py)."""
+    each would be one more read of the whole state, too (automation.py). On
+    this file backend it reads the state's resources and counts the updates
+    from the backend's files (statefile.py), and a kvm update it asks to skip
+    the checkpoints runs with PULUMI_SKIP_CHECKPOINTS (targets.py)."""
     for key, value in world.env().items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("PULUMI_SKIP_CHECKPOINTS", raising=False)
     command = _Recording()
     stack = AutomationStack(world.stack.directory, world.name, command=command)
     deployed = stack.read()
     home1 = proxy_urn(world.name, PROJECT, "home-1")
+    exported = world.stack.resources()
+    assert [
+        (r.urn, r.type, r.parent, r.created and r.created.isoformat()) for r in deployed.resources
+    ] == [
+        (
+            r["urn"],
+            r["type"],
+            r.get("parent"),
+            r.get("created") and datetime.fromisoformat(r["created"]).isoformat(),
+        )
+        for r in exported
+    ]
     assert home1 in {r.urn for r in deployed.resources}
     history = world.history()
     # A targeted update that changes nothing: home-1 registered as it is.
-    updated = stack.update("autopilot: test, no change", [home1], ["home-1"])
+    updated = stack.update("autopilot: test, no change", [home1], ["home-1"], checkpoints=False)
     assert updated.id == len(history) + 1 == len(world.history())
+    [up_env] = [env for args, env in zip(command.seen, command.envs, strict=True) if "up" in args]
+    assert up_env.get("PULUMI_SKIP_CHECKPOINTS") == "true", up_env
+    reads = [args[:2] for args in command.seen if args[0] != "version"]
+    # No export, and no history read beyond the update's own entry.
+    assert ["stack", "export"] not in reads and ["stack", "output"] not in reads, command.seen
+    assert [a for a in command.seen if "history" in a and "--page-size" not in a] == []
     # (the read: the partial run's StackReference to the stack itself)
     assert set(updated.changes) == {"same", "read"}, updated.changes
     assert command.seen, "no command went through the stack's runner"

@@ -63,12 +63,13 @@ class FakeStack:
         self.clock = clock
         self.made: dict[str, datetime] = {}
         self.updates: list[tuple[str, tuple[str, ...]]] = []
+        self.checkpoints: list[bool] = []  # each update's, in order
         self.edits: list[tuple[str, int | None]] = []
         self.reads = 0
         self.locked_polls = 0  # lock_holder answers a holder this many more times
         self.busy_updates = 0  # update raises StackBusy this many more times
         self.failing = 0  # update raises UpdateFailed this many more times
-        self._deploy()
+        self.deploy()
 
     def _names(self) -> list[str]:
         generations = self.config.get("generations", {})
@@ -78,7 +79,7 @@ class FakeStack:
             for slot in (f"{entry['name']}-{i}" for i in range(entry.get("replicas", 1)))
         ]
 
-    def _deploy(self) -> None:
+    def deploy(self) -> None:
         self.made = {n: self.made.get(n, self.clock.now()) for n in self._names()}
 
     def read(self) -> Deployed:
@@ -109,7 +110,14 @@ class FakeStack:
             return "ops@laptop (pid 4242) since 2026-12-04T11:59:00Z"
         return None
 
-    def update(self, message: str, targets: Sequence[str], registers: Sequence[str]) -> Updated:
+    def update(
+        self,
+        message: str,
+        targets: Sequence[str],
+        registers: Sequence[str],
+        *,
+        checkpoints: bool = True,
+    ) -> Updated:
         if self.busy_updates > 0:
             self.busy_updates -= 1
             raise StackBusy("ops@laptop (pid 4242) since 2026-12-04T11:59:00Z")
@@ -117,7 +125,8 @@ class FakeStack:
             self.failing -= 1
             raise UpdateFailed("error: the host refused the domain")
         self.updates.append((message, tuple(targets)))
-        self._deploy()
+        self.checkpoints.append(checkpoints)
+        self.deploy()
         return Updated(len(self.updates) + 10, {"create": 1})
 
 

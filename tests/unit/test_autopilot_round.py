@@ -23,6 +23,7 @@ from tests.support.autopilot_round import (
     answer,
     urn,
 )
+from tests.support.stack_config import placement, proxy
 
 
 def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_path: Path) -> None:
@@ -43,6 +44,38 @@ def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_p
     assert line["signal"]["blockedSites"] == 3 and line["signal"]["healthy"] is True
     assert line["message"] == message and line["duration"] == 0
     assert world.files.path.exists()
+
+
+GCP = {
+    "name": "gcp-eu",
+    "type": "gcp",
+    "gcp": {
+        "project": "crawl-proj-1",
+        "region": "europe-west1",
+        "machineTypes": ["e2-small"],
+        "images": {"debian": "projects/debian-cloud/global/images/family/debian-12"},
+    },
+}
+
+
+def test_only_an_update_creating_kvm_proxies_alone_skips_the_checkpoints(tmp_path: Path) -> None:
+    """kvm creates take over what a killed run left (fixed names), so its
+    updates may write the state once, at the end; a gcp instance lost from
+    the state would be an orphan, so its updates keep a checkpoint per step."""
+    world = World(tmp_path, RECYCLE, {"home": 2})
+    world.stack.config["providers"].append(GCP)
+    where = placement("e2-small", "debian", zone="europe-west1-b")
+    world.stack.config["proxies"].append(proxy("eu", "gcp-eu", replicas=2, where=where))
+    world.stack.deploy()  # the stack as `pulumi up` left it: eu-0 and eu-1 made
+    world.clock.advance(timedelta(hours=1))
+    blocked = {"home-0": 3, "eu-1": 3}
+    world.signals.answer = answer(world.clock, world.names(), blocked=blocked)
+    world.pilot().round()
+    checkpoints = {
+        targets[0]: c
+        for (_, targets), c in zip(world.stack.updates, world.stack.checkpoints, strict=True)
+    }
+    assert checkpoints == {urn("home-0"): False, urn("eu-1"): True}
 
 
 def test_demand_scales_up_once_per_round_within_max_and_settles(tmp_path: Path) -> None:
