@@ -18,11 +18,11 @@ is probed at once, the rest keep their schedule. It writes what its engine
 sees of its share into the proxies' rows, which every replica reads for
 grants and `GET /v1/proxies`, and hands crawlers' `error` reports on its
 share (each one) to its engine; that work runs on a second connection of
-its own, so neither a busy pool nor a slow write delays the check. When a
-replica dies, PostgreSQL drops its connection and its slot with it; the
-others see it at their next read (FLUSH_S) and probe its proxies from then
-on. A replica that loses its connection stops probing until it holds a slot
-again.
+its own (prober_statements.py), so neither a busy pool nor a slow write
+delays the check. When a replica dies, PostgreSQL drops its connection and
+its slot with it; the others see it at their next read (FLUSH_S) and probe
+its proxies from then on. A replica that loses its connection stops probing
+until it holds a slot again.
 
 The Prober is this replica's part in all of that; the book holds it (book.py)."""
 
@@ -40,7 +40,7 @@ from discovery.book.errors import StoreError
 from discovery.book.rules import round_latency
 from discovery.health_source import HealthSource
 from discovery.logs import event
-from discovery.postgres import sharing
+from discovery.postgres import prober_statements, sharing
 from discovery.postgres.rows import HealthView
 from discovery.postgres.store import PostgresStore
 from health.model import Health, ProxyEndpoint
@@ -244,7 +244,7 @@ class Prober:
             conn = self._work
             await self._refresh_foreign(conn)
             await self._flush(conn)
-            for row in await sharing.take_error_reports(conn, self._share):
+            for row in await prober_statements.take_error_reports(conn, self._share):
                 for _ in range(row.count):
                     self._engine.report_error(row.proxy, row.error)
         except psycopg.Error as error:
@@ -262,7 +262,7 @@ class Prober:
                 await conn.close()
 
     async def _refresh_foreign(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        rows = await self._store.foreign_proxies(conn)
+        rows = await prober_statements.foreign_proxies(self._store, conn)
         foreign = {
             r.name: ProxyEndpoint(r.name, r.host, r.port, r.username, r.password)
             for r in rows
@@ -308,7 +308,7 @@ class Prober:
         changed = sum(
             1 for name, view in rows if name not in written or written[name].health != view.health
         )
-        await self._store.write_health(conn, rows, health_changes=changed)
+        await prober_statements.write_health(conn, rows, health_changes=changed)
         written.update(rows)
 
 

@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
-
-from discovery.postgres.rows import ErrorRow
 
 PROBER_CLASS = 0x6567  # advisory lock (class, slot) of each probing replica
 MAX_SLOTS = 1024  # replicas that can probe at once; any further one waits for a slot
@@ -43,16 +40,6 @@ KEEPALIVE = (
     "SET tcp_keepalives_interval = 1",
     "SET tcp_keepalives_count = 5",
 )
-# Crawlers' `error` reports waiting (few, usually none), then those of this
-# replica's proxies taken (counted, cleared) in the same transaction.
-REPORTED = "SELECT name FROM discovery_proxies WHERE error_reports > 0"
-TAKE_REPORTED = """WITH taken AS (
-        SELECT name, error_reports, error_report FROM discovery_proxies
-        WHERE name = ANY(%(names)s) AND error_reports > 0 FOR UPDATE)
-    UPDATE discovery_proxies p SET error_reports = 0, error_report = NULL
-    FROM taken WHERE p.name = taken.name
-    RETURNING taken.name AS proxy, taken.error_reports AS count, taken.error_report AS error"""
-
 _MASK = (1 << 64) - 1
 
 
@@ -105,27 +92,11 @@ async def take_slot(conn: psycopg.AsyncConnection[Any]) -> int | None:
     return None
 
 
-async def take_error_reports(
-    conn: psycopg.AsyncConnection[Any], mine: Container[str]
-) -> list[ErrorRow]:
-    """The `error` reports of the proxies in `mine` (this replica probes
-    them), counted per proxy and cleared; the others' stay for their prober."""
-    async with conn.transaction():
-        waiting = [row[0] for row in await (await conn.execute(REPORTED)).fetchall()]
-        names = [name for name in waiting if name in mine]
-        if not names:
-            return []
-        async with conn.cursor(row_factory=class_row(ErrorRow)) as cur:
-            await cur.execute(TAKE_REPORTED, {"names": names})
-            return await cur.fetchall()
-
-
 __all__ = [
     "MAX_SLOTS",
     "PROBER_CLASS",
     "live_slots",
     "owner",
     "share",
-    "take_error_reports",
     "take_slot",
 ]

@@ -49,13 +49,10 @@ from discovery.postgres import queries as q
 from discovery.postgres.rows import (
     CandidateRow,
     CooldownRow,
-    ErrorRow,
     GrantRow,
     HealthCount,
-    HealthView,
     LiveLease,
     Now,
-    ProbeRow,
     ProxyRow,
     Scopes,
 )
@@ -64,9 +61,6 @@ from discovery.postgres.schema import SCHEMA_VERSION, migrate
 log = logging.getLogger("discovery.pgstore")
 
 R = TypeVar("R")
-# A health flush that changes this many proxies' health (a new prober's first)
-# refreshes the statistics: grants are planned on `health`.
-ANALYZE_AFTER = 100
 POOL_TIMEOUT_S = 2.0  # a request waits this long for a connection, then gets a 503
 BUSY_LOG_S = 10.0  # at most one log line this often for requests refused as busy
 
@@ -293,41 +287,6 @@ class PostgresStore:
         async with self.connection(transaction=False) as conn:
             return await self.all(conn, HealthCount, q.GAUGES, self.params())
 
-    # -- a prober's, on a connection of its own (not the pool a busy replica fills) -------
-
-    async def write_health(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        rows: Sequence[tuple[str, HealthView]],
-        *,
-        health_changes: int,
-    ) -> None:
-        """(name, view) per proxy whose view changed; `health_changes`: how many
-        of them changed health, which decides the ANALYZE."""
-        if not rows:
-            return
-        params = {
-            "names": [name for name, _ in rows],
-            "healths": [v.health for _, v in rows],
-            "latencies": [v.latency_ms for _, v in rows],
-            "errors": [v.last_error for _, v in rows],
-            "recents": [_array_literal(v.recent_ms) for _, v in rows],
-        }
-        async with conn.transaction():
-            await conn.execute(q.WRITE_HEALTH, params)
-            if health_changes >= ANALYZE_AFTER:
-                await conn.execute("ANALYZE discovery_proxies")
-
-    async def take_error_reports(self, conn: psycopg.AsyncConnection[Any]) -> list[ErrorRow]:
-        """Crawler `error` reports not yet handed to the prober, counted per
-        proxy (and cleared)."""
-        async with conn.transaction():
-            return await self.all(conn, ErrorRow, q.TAKE_ERRORS, {})
-
-    async def foreign_proxies(self, conn: psycopg.AsyncConnection[Any]) -> list[ProbeRow]:
-        """The proxies other replicas' fleets hold and this one's lacks."""
-        return await self.all(conn, ProbeRow, q.FOREIGN, self.params())
-
 
 @dataclass(frozen=True)
 class Pick:
@@ -407,7 +366,8 @@ class Db:
         await self._conn.execute(q.PUT_COOLDOWN, {"proxy": proxy, "target": target, "until": until})
 
     async def add_error(self, proxy: str, error: str) -> None:
-        """Counts one failed probe for the prober (each one: TAKE_ERRORS)."""
+        """Counts one failed probe for the prober (each one:
+        prober_statements.take_error_reports)."""
         await self._conn.execute(q.ADD_ERROR, {"proxy": proxy, "error": error})
 
 
@@ -429,11 +389,6 @@ def eligibility_key(wanted: Eligibility) -> str:
 def _pick_params(store: PostgresStore, pick: Pick) -> dict[str, Any]:
     params = store.params(id=pick.lease_id, holder=pick.holder, target=pick.target, ttl=pick.ttl)
     return params | _eligibility_params(pick.wanted)
-
-
-def _array_literal(values: Sequence[float | None]) -> str:
-    """A float8[] literal: `{1.5,NULL,2}`."""
-    return "{" + ",".join("NULL" if v is None else repr(float(v)) for v in values) + "}"
 
 
 def _reason(error: BaseException) -> str:
