@@ -34,6 +34,14 @@ PASSWORD = "pw-of-the-proxy-9"
 TOKEN = "signals-token-0123456789"
 
 
+def at(seconds: float) -> object:
+    """A time on the fake clock, to the millisecond (PostgreSQL keeps
+    microseconds; the clock steps whole seconds). pytest.approx's default, a
+    millionth of the epoch seconds, is half an hour: a block 100 s old would
+    pass for one just now."""
+    return pytest.approx(seconds, rel=0, abs=1e-3)
+
+
 def fleet_entries() -> list[dict[str, Any]]:
     return [
         proxy_entry("home-0", port=4000, labels={"site": "home"}, username="c", password=PASSWORD),
@@ -71,11 +79,11 @@ def test_blocked_sites_are_counted_once_each_within_the_window(books: Books) -> 
         name = lease.proxy.name
 
         counts = await w.book.signals(600)
-        assert counts.now == pytest.approx(w.clock.now)
-        assert bans_of(counts) == {name: (4, 6, pytest.approx(w.clock.now))}
+        assert counts.now == at(w.clock.now)
+        assert bans_of(counts) == {name: (4, 6, at(w.clock.now))}
         # The first blocks are 100 s old: a window of 50 s holds only the last.
-        assert bans_of(await w.book.signals(50)) == {name: (1, 1, pytest.approx(w.clock.now))}
-        assert bans_of(await w.book.signals(101)) == {name: (4, 6, pytest.approx(w.clock.now))}
+        assert bans_of(await w.book.signals(50)) == {name: (1, 1, at(w.clock.now))}
+        assert bans_of(await w.book.signals(101)) == {name: (4, 6, at(w.clock.now))}
         w.clock.advance(601)
         assert bans_of(await w.book.signals(600)) == {}
 
@@ -100,12 +108,12 @@ def test_refused_grants_count_for_every_group_their_selector_matched(books: Book
 
         counts = await w.book.signals(600)
         assert refusals_of(counts) == {
-            "eu": (3, 3, pytest.approx(first), pytest.approx(now)),
-            "home": (2, 2, pytest.approx(now), pytest.approx(now)),
+            "eu": (3, 3, at(first), at(now)),
+            "home": (2, 2, at(now), at(now)),
         }
         assert refusals_of(await w.book.signals(5)) == {
-            "eu": (1, 1, pytest.approx(now), pytest.approx(now)),
-            "home": (2, 2, pytest.approx(now), pytest.approx(now)),
+            "eu": (1, 1, at(now), at(now)),
+            "home": (2, 2, at(now), at(now)),
         }
         w.clock.advance(601)
         assert refusals_of(await w.book.signals(600)) == {}
