@@ -15,7 +15,10 @@ runs the same clients doing two GETs per loop: the framework's ceiling for a
 rate (half the measured grant+release rate unless --rate says otherwise) and
 reports its latency; then the lease book alone ("no HTTP"); then, unless
 --no-postgres, grant+release against one and against two replicas sharing a
-private PostgreSQL (scripts/postgres, a free port, removed afterwards).
+private PostgreSQL (scripts/postgres, a free port, removed afterwards): the
+replicas on the server's CPU, PostgreSQL with the clients on theirs, so
+that one replica and two have the same CPU and the second one's cost per
+pair is its own, not four busy processes' scramble for two cores.
 The last lines print the goals' figures as ratios within this run.
 
 The client is a small HTTP/1.1 client on asyncio's protocol layer: httpx
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -595,10 +599,29 @@ async def _first_grant(ports: list[int]) -> None:
         conn.transport.close()
 
 
-def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[PhaseResult]:
+def _pin_tree(root: int, cpu: int) -> None:
+    """ROOT and its children on CPU (the postmaster's later children inherit it)."""
+    os.sched_setaffinity(root, {cpu})
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == root:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(entry.name), {cpu})
+
+
+def _postgres_phases(
+    args: argparse.Namespace, fleet: Path, tmp: Path, pinned: bool
+) -> list[PhaseResult]:
     """grant+release with one replica, then two, on one PostgreSQL (a private
-    server of scripts/postgres on a free port, removed afterwards). Nothing is
-    pinned: replicas, PostgreSQL and the clients share the machine's CPUs."""
+    server of scripts/postgres on a free port, removed afterwards). PINNED:
+    the replicas share the server's CPU, as the SQLite server had it alone,
+    and PostgreSQL shares the clients' CPU, so that one replica and two get
+    the same CPU (what one more replica adds is then its own cost, not a
+    scramble of four busy processes for two cores); else nothing is pinned."""
     port = _free_port()
     script = ROOT / "scripts" / "postgres"
     started = subprocess.run(
@@ -610,6 +633,9 @@ def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[P
     )
     url = started.stdout.strip().splitlines()[-1]
     postmaster = int((ROOT / ".cache" / "postgres" / str(port) / "pid").read_text().split()[0])
+    if pinned:
+        _pin_tree(postmaster, args.client_cpu)
+    cpus = os.sched_getaffinity(0)
     results = []
     servers: list[subprocess.Popen[bytes]] = []
     servers_ports: list[int] = []
@@ -617,12 +643,17 @@ def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[P
         for count in (1, 2):
             while len(servers) < count:
                 server, server_port = _start_server(
-                    fleet, url, tmp / f"replica{len(servers)}.log", None
+                    fleet,
+                    url,
+                    tmp / f"replica{len(servers)}.log",
+                    args.server_cpu if pinned else None,
                 )
                 servers.append(server)
                 servers_ports.append(server_port)
             ports = servers_ports[:count]
             asyncio.run(_first_grant(ports))
+            if pinned:
+                os.sched_setaffinity(0, {args.client_cpu})
             results.append(
                 asyncio.run(
                     _phase(
@@ -638,6 +669,7 @@ def _postgres_phases(args: argparse.Namespace, fleet: Path, tmp: Path) -> list[P
                 )
             )
     finally:
+        os.sched_setaffinity(0, cpus)
         _stop(servers)
         subprocess.run([str(script), "remove", "--port", str(port)], cwd=ROOT, check=False)
     return results
@@ -732,7 +764,7 @@ def main() -> None:
             ),
         )
         if not args.no_postgres:
-            results += _postgres_phases(args, fleet, tmp)
+            results += _postgres_phases(args, fleet, tmp, pinned)
     for result in results:
         print(result.line())
         busy = {n: c for n, c in sorted(result.threads.items()) if c > 0}
