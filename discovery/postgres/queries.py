@@ -143,16 +143,11 @@ PUT_COOLDOWN = """INSERT INTO discovery_cooldowns (proxy, target, until)
     VALUES (%(proxy)s, %(target)s, to_timestamp(%(until)s))
     ON CONFLICT (proxy, target) DO UPDATE SET until = excluded.until"""
 
-# Each `error` counts: the prober takes them all (TAKE_ERRORS), not the last.
+# Each `error` counts: the proxy's prober takes them all, not the last
+# (prober_statements.take_error_reports).
 ADD_ERROR = """UPDATE discovery_proxies
     SET error_reports = error_reports + 1, error_report = %(error)s
     WHERE name = %(proxy)s"""
-TAKE_ERRORS = """WITH taken AS (
-        SELECT name, error_reports, error_report FROM discovery_proxies
-        WHERE error_reports > 0 FOR UPDATE)
-    UPDATE discovery_proxies p SET error_reports = 0, error_report = NULL
-    FROM taken WHERE p.name = taken.name
-    RETURNING taken.name AS proxy, taken.error_reports AS count, taken.error_report AS error"""
 
 EXPIRE = f"DELETE FROM discovery_leases WHERE expires_at <= {NOW}"
 UNMARK_EXPIRED = f"UPDATE discovery_proxies SET lease_expires = NULL WHERE lease_expires <= {NOW}"
