@@ -600,17 +600,12 @@ async def _first_grant(ports: list[int]) -> None:
 
 
 def _pin_tree(root: int, cpu: int) -> None:
-    """ROOT and its children on CPU (the postmaster's later children inherit it)."""
-    os.sched_setaffinity(root, {cpu})
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == root:
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(entry.name), {cpu})
+    """ROOT and every process below it on CPU (the postmaster's later children inherit it)."""
+    from tests.support.pulumi_cli import descendants
+
+    for pid in (root, *descendants(root)):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, {cpu})
 
 
 def _postgres_phases(

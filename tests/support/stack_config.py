@@ -150,6 +150,20 @@ def external_provider(name: str = "corp") -> dict[str, Any]:
     return {"name": name, "type": "external"}
 
 
+def gcp_provider(name: str = "gcp-eu") -> dict[str, Any]:
+    """A gcp entry with one machine type (e2-small) and one image (debian)."""
+    return {
+        "name": name,
+        "type": "gcp",
+        "gcp": {
+            "project": "crawl-proj-1",
+            "region": "europe-west1",
+            "machineTypes": ["e2-small"],
+            "images": {"debian": "projects/debian-cloud/global/images/family/debian-12"},
+        },
+    }
+
+
 def placement(
     machine_type: str | None = "s", image: str | None = "d", zone: str | None = None
 ) -> dict[str, Any]:

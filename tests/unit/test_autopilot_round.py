@@ -23,7 +23,7 @@ from tests.support.autopilot_round import (
     answer,
     urn,
 )
-from tests.support.stack_config import placement, proxy
+from tests.support.stack_config import gcp_provider, placement, proxy
 
 
 def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_path: Path) -> None:
@@ -46,24 +46,12 @@ def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_p
     assert world.files.path.exists()
 
 
-GCP = {
-    "name": "gcp-eu",
-    "type": "gcp",
-    "gcp": {
-        "project": "crawl-proj-1",
-        "region": "europe-west1",
-        "machineTypes": ["e2-small"],
-        "images": {"debian": "projects/debian-cloud/global/images/family/debian-12"},
-    },
-}
-
-
 def test_only_an_update_creating_kvm_proxies_alone_skips_the_checkpoints(tmp_path: Path) -> None:
     """kvm creates take over what a killed run left (fixed names), so its
     updates may write the state once, at the end; a gcp instance lost from
     the state would be an orphan, so its updates keep a checkpoint per step."""
     world = World(tmp_path, RECYCLE, {"home": 2})
-    world.stack.config["providers"].append(GCP)
+    world.stack.config["providers"].append(gcp_provider())
     where = placement("e2-small", "debian", zone="europe-west1-b")
     world.stack.config["proxies"].append(proxy("eu", "gcp-eu", replicas=2, where=where))
     world.stack.deploy()  # the stack as `pulumi up` left it: eu-0 and eu-1 made

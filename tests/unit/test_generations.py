@@ -19,6 +19,7 @@ from proxyinfra.names import proxy_id
 from proxyinfra.validation import ConfigError, validate
 from tests.support.stack_config import (
     external_provider,
+    gcp_provider,
     placement,
     proxy,
     stack_config,
@@ -103,23 +104,10 @@ def cluster(name: str = "cluster") -> dict[str, Any]:
     return {"name": name, "type": "kubernetes", "kubernetes": {"namespace": "egress"}}
 
 
-def gcp() -> dict[str, Any]:
-    return {
-        "name": "gcp-eu",
-        "type": "gcp",
-        "gcp": {
-            "project": "crawl-proj-1",
-            "region": "europe-west1",
-            "machineTypes": ["e2-small"],
-            "images": {"debian": "projects/debian-cloud/global/images/family/debian-12"},
-        },
-    }
-
-
 def config(keys: Path, generations: Any = None, **extra: Any) -> dict[str, Any]:
     """home (kvm, 2 replicas), eu (gcp, 1), pods (kubernetes, 2), corp-1 (external)."""
     raw = stack_config(
-        [unreachable_kvm_provider(keys), gcp(), cluster(), external_provider()],
+        [unreachable_kvm_provider(keys), gcp_provider(), cluster(), external_provider()],
         [
             proxy("home", "home", replicas=2, where=placement()),
             proxy("eu", "gcp-eu", where=placement("e2-small", "debian", zone="europe-west1-b")),
