@@ -29,7 +29,7 @@ from tests.support.http import FileServer
 from tests.support.images import tiny_image
 from tests.support.pulumi_cli import CliStack, freeze_run, kill_run
 from tests.support.testbed import URI, Testbed
-from tests.support.tinyfleet import pool_volumes, tiny_fleet
+from tests.support.tinyfleet import ConsoleWatch, pool_volumes, tiny_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 
@@ -143,7 +143,14 @@ def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
             kill_run(run)
             assert defined < set(ids), f"every domain ({defined}) was defined before the freeze"
             assert disks <= pool_volumes(testbed)
-            recover(stack)
+            with ConsoleWatch(testbed, ids) as watch:
+                try:
+                    recover(stack)
+                except AssertionError as error:
+                    seen = watch.report()
+                    raise AssertionError(
+                        f"{error}\n--- the guests during the recovery\n{seen}"
+                    ) from None
             for pid in ids:
                 assert conn.lookupByName(pid).isActive()
             ours = {v for v in pool_volumes(testbed) if any(pid in v for pid in ids)}
