@@ -21,7 +21,9 @@ source of truth.
   those is one more read of the whole state, too: at 400 proxies they were
   half the round's engine CPU (docs/autopilot.md, "Cost measured").
 - An update whose creates are all taken over after a kill (kvm) runs with
-  ``PULUMI_SKIP_CHECKPOINTS=true`` unless the operator set it (targets.py).
+  ``PULUMI_SKIP_CHECKPOINTS=true``, and every update without the file
+  backend's second copy of the state, unless the operator set either
+  (``update_env``).
 - The lock: on a file (DIY) backend the lock files under
   ``.pulumi/locks/`` name their holder (user@host, pid, since), and a dead
   one on this host is named stale with its remedy (locks.py); on any
@@ -61,12 +63,23 @@ T = TypeVar("T")
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
 _ERROR_LINES = 6
 SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
+NO_BACKUPS = "PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS"
 
 
-def checkpoint_env(checkpoints: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The engine's setting for an update that may skip its per-step
-    checkpoints (targets.py); an operator's own wins, either way."""
-    return {} if checkpoints or SKIP_CHECKPOINTS in environ else {SKIP_CHECKPOINTS: "true"}
+def update_env(checkpoints: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The engine's settings for one of the autopilot's updates; an
+    operator's own (in the environment the CLI inherits) win, either way.
+
+    - ``PULUMI_SKIP_CHECKPOINTS=true`` when the update may skip its per-step
+      checkpoints (targets.py).
+    - ``PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS=true``: after each
+      update a file backend copies the state into the stack's history and
+      the same bytes again into ``.pulumi/backups/`` (pulumi 3.274
+      ``backend/diy/backend.go``, ``addToHistory`` then ``backupStack``);
+      the history's copy stays, the second would double what an autopilot
+      that changes the stack many times a day adds to the disk."""
+    wanted = {NO_BACKUPS: "true"} if checkpoints else {SKIP_CHECKPOINTS: "true", NO_BACKUPS: "true"}
+    return {key: value for key, value in wanted.items() if key not in environ}
 
 
 def _holder_of(text: str) -> str | None:
@@ -142,7 +155,7 @@ class AutomationStack:
             raise ValueError("an update without targets would be a whole `pulumi up`")
         try:
             with ticket(self.name, registers) as entry:
-                for_update = {**entry, **checkpoint_env(checkpoints)}
+                for_update = {**entry, **update_env(checkpoints)}
                 self._env.update(for_update)
                 try:
                     self._saltless(lambda: self._up(message, targets))

@@ -230,11 +230,13 @@ def test_the_autopilot_s_commands_reveal_no_secret(
     not secret, so no command it runs decrypts the state's secrets into it;
     each would be one more read of the whole state, too (automation.py). On
     this file backend it reads the state's resources and counts the updates
-    from the backend's files (statefile.py), and a kvm update it asks to skip
-    the checkpoints runs with PULUMI_SKIP_CHECKPOINTS (targets.py)."""
+    from the backend's files (statefile.py), a kvm update it asks to skip
+    the checkpoints runs with PULUMI_SKIP_CHECKPOINTS (targets.py), and no
+    update writes the state's second copy into backups/ (update_env)."""
     for key, value in world.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("PULUMI_SKIP_CHECKPOINTS", raising=False)
+    monkeypatch.delenv("PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS", raising=False)
     command = _Recording()
     stack = AutomationStack(world.stack.directory, world.name, command=command)
     deployed = stack.read()
@@ -253,11 +255,18 @@ def test_the_autopilot_s_commands_reveal_no_secret(
     ]
     assert home1 in {r.urn for r in deployed.resources}
     history = world.history()
+    state = world.stack.directory / "state" / ".pulumi"
+    backups = sorted((state / "backups").rglob("*.json"))
+    copies = sorted((state / "history").rglob("*.checkpoint.json"))
     # A targeted update that changes nothing: home-1 registered as it is.
     updated = stack.update("autopilot: test, no change", [home1], ["home-1"], checkpoints=False)
     assert updated.id == len(history) + 1 == len(world.history())
     [up_env] = [env for args, env in zip(command.seen, command.envs, strict=True) if "up" in args]
     assert up_env.get("PULUMI_SKIP_CHECKPOINTS") == "true", up_env
+    # The history keeps the update's copy of the state; no second one in backups/.
+    assert up_env.get("PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS") == "true", up_env
+    assert len(sorted((state / "history").rglob("*.checkpoint.json"))) == len(copies) + 1
+    assert sorted((state / "backups").rglob("*.json")) == backups
     reads = [args[:2] for args in command.seen if args[0] != "version"]
     # No export, and no history read beyond the update's own entry.
     assert ["stack", "export"] not in reads and ["stack", "output"] not in reads, command.seen

@@ -1,7 +1,7 @@
 """The autopilot's reads of a file backend's own files (statefile.py): the
 checkpoint's resources, plain or gzip-compressed, and the number of history
 entries; anything it cannot read answers None, so that the CLI is asked.
-Beside them, the environment of an update that may skip its checkpoints.
+Beside them, the environment the autopilot gives its updates.
 (The same reads against the real CLI's files: tests/engine/test_cli_autopilot.py.)"""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import gzip
 import json
 from pathlib import Path
 
-from proxyinfra.autopilot.automation import checkpoint_env
+from proxyinfra.autopilot.automation import update_env
 from proxyinfra.autopilot.statefile import checkpoint_resources, update_count
 
 RESOURCES = [
@@ -70,8 +70,9 @@ def test_updates_are_counted_by_their_history_entries_alone(tmp_path: Path) -> N
 
 
 def test_an_operator_s_own_checkpoint_setting_wins_either_way() -> None:
-    assert checkpoint_env(False, {}) == {"PULUMI_SKIP_CHECKPOINTS": "true"}
-    assert checkpoint_env(True, {}) == {}
-    # The operator's value is in the environment the CLI inherits: nothing added.
-    assert checkpoint_env(False, {"PULUMI_SKIP_CHECKPOINTS": "false"}) == {}
-    assert checkpoint_env(True, {"PULUMI_SKIP_CHECKPOINTS": "true"}) == {}
+    skip, no_backups = "PULUMI_SKIP_CHECKPOINTS", "PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS"
+    assert update_env(False, {}) == {skip: "true", no_backups: "true"}
+    assert update_env(True, {}) == {no_backups: "true"}
+    # The operator's values are in the environment the CLI inherits: nothing added.
+    assert update_env(False, {skip: "false"}) == {no_backups: "true"}
+    assert update_env(True, {skip: "true", no_backups: "false"}) == {}
