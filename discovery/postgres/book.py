@@ -53,6 +53,7 @@ from discovery.logs import event
 from discovery.metrics import Metrics, StateSnapshot
 from discovery.postgres import fleets
 from discovery.postgres.batches import Batches
+from discovery.postgres.conflicts import retrying
 from discovery.postgres.prober import Prober
 from discovery.postgres.rows import GrantRow
 from discovery.postgres.store import Pick, PostgresStore, StoreBusy, eligibility_key
@@ -129,7 +130,7 @@ class PostgresBook:
         fleet that removed proxies this one still serves), drops fleets no
         replica serves any more, prunes cooldowns and reports."""
         proxies = list(self._fleet.values())
-        await self._call(fleets.register(self._store, self._store.fleet, proxies, ()))
+        await self._call(fleets.ensure(self._store, self._store.fleet, proxies))
         self._metrics.revoked.inc(await self._call(fleets.forget_dead(self._store)))
         await self._call(self._store.prune(REPORT_RETENTION_S, REPORTS_KEPT))
         await self._call(self._store.prune_refusals(REFUSAL_RETENTION_S, REFUSALS_KEPT))
@@ -187,8 +188,11 @@ class PostgresBook:
         raise StoreError(f"no grant after {GRANT_ATTEMPTS} attempts under contention")
 
     async def _grant_batch(self, _key: str, picks: Sequence[Pick]) -> list[GrantRow | None]:
-        async with self._store.statements() as db:
-            return await db.grant(picks)
+        async def once() -> list[GrantRow | None]:
+            async with self._store.statements() as db:
+                return await db.grant(picks)
+
+        return await retrying(once)
 
     async def _release_batch(self, _key: None, lease_ids: Sequence[str]) -> list[str | None]:
         return await self._store.release(lease_ids)

@@ -42,6 +42,17 @@ _UPSERT = """INSERT INTO discovery_proxies
         fleets = CASE WHEN %(fleet)s = ANY(discovery_proxies.fleets)
                       THEN discovery_proxies.fleets
                       ELSE array_append(discovery_proxies.fleets, %(fleet)s) END"""
+# The proxies of a fleet the table lacks, lacks the fleet's tag on, or holds
+# with other attributes (another replica's older fleet wrote them): the
+# fleet's rows as arrays, one element per proxy.
+_DIFFERENT = """SELECT n.name FROM unnest(%(names)s::text[], %(providers)s::text[], %(zones)s::text[],
+        %(labelss)s::jsonb[], %(hosts)s::text[], %(ports)s::int[], %(usernames)s::text[],
+        %(passwords)s::text[]) AS n(name, provider, zone, labels, host, port, username, password)
+    WHERE NOT EXISTS (SELECT 1 FROM discovery_proxies p
+        WHERE p.name = n.name AND %(fleet)s = ANY(p.fleets)
+          AND (p.provider, p.zone, p.labels, p.host, p.port, p.username, p.password)
+              IS NOT DISTINCT FROM
+              (n.provider, n.zone, n.labels, n.host, n.port, n.username, n.password))"""
 _REVOKE = f"""DELETE FROM discovery_leases WHERE proxy = ANY(%(names)s) AND expires_at > {q.NOW}"""
 _REMOVE = "DELETE FROM discovery_proxies WHERE name = ANY(%(names)s)"
 _DEAD = f"""DELETE FROM discovery_fleets
@@ -58,14 +69,8 @@ def digest(names: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
-async def register(
-    store: PostgresStore, tag: str, proxies: Sequence[FleetProxy], removed: Sequence[str]
-) -> int:
-    """Registers the fleet `tag` (this replica's), adds or updates its proxies
-    and drops `removed` (a fleet change seen here) with their leases and
-    cooldowns; returns how many live leases that ended."""
-    params = store.params() | {"fleet": tag}
-    rows = [
+def _rows(tag: str, proxies: Sequence[FleetProxy]) -> list[dict[str, Any]]:
+    return [
         {
             "name": p.name,
             "provider": p.provider,
@@ -80,6 +85,16 @@ async def register(
         }
         for p in proxies
     ]
+
+
+async def register(
+    store: PostgresStore, tag: str, proxies: Sequence[FleetProxy], removed: Sequence[str]
+) -> int:
+    """Registers the fleet `tag` (this replica's), adds or updates its proxies
+    and drops `removed` (a fleet change seen here) with their leases and
+    cooldowns; returns how many live leases that ended."""
+    params = store.params() | {"fleet": tag}
+    rows = _rows(tag, proxies)
     async with store.connection(transaction=True) as conn:
         await conn.execute(_REGISTER, params)
         revoked = await _remove(conn, params, list(removed))
@@ -90,6 +105,34 @@ async def register(
         # plan may take the whole fleet for one row and sort it each time.
         await conn.execute("ANALYZE discovery_proxies")
         return revoked
+
+
+async def ensure(store: PostgresStore, tag: str, proxies: Sequence[FleetProxy]) -> None:
+    """The maintenance's guard: the fleet `tag` registered again (it stays
+    alive), and only those of its proxies the table lacks or holds otherwise
+    written back. Usually there are none, so no proxy row is locked or
+    rewritten: writing all of them every 30 s held every proxy row for the
+    statement's length, and grants (proxy rows, then lease rows) and releases
+    (lease rows, then proxy rows) deadlocked with it under load."""
+    rows = _rows(tag, proxies)
+    params = store.params() | {"fleet": tag}
+    columns = {
+        "names": "name",
+        "providers": "provider",
+        "zones": "zone",
+        "labelss": "labels",
+        "hosts": "host",
+        "ports": "port",
+        "usernames": "username",
+        "passwords": "password",
+    }
+    arrays = {key: [row[column] for row in rows] for key, column in columns.items()}
+    async with store.connection(transaction=True) as conn:
+        await conn.execute(_REGISTER, params)
+        cur = await conn.execute(_DIFFERENT, params | arrays)
+        different = {str(row[0]) for row in await cur.fetchall()}
+    if different:
+        await register(store, tag, [p for p in proxies if p.name in different], ())
 
 
 async def forget_dead(store: PostgresStore) -> int:

@@ -46,6 +46,7 @@ from discovery.book.signals import BanCount, RefusalCount, SignalCounts
 from discovery.database import PostgresUrl
 from discovery.logs import event
 from discovery.postgres import queries as q
+from discovery.postgres.conflicts import StoreConflict, retrying
 from discovery.postgres.rows import (
     CandidateRow,
     CooldownRow,
@@ -155,6 +156,9 @@ class PostgresStore:
                 self._note_busy()
                 raise StoreBusy(f"no database connection free in {POOL_TIMEOUT_S:g} s") from None
             raise StoreError(f"{self.database.shown}: {self.failure} ({_reason(error)})") from None
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as error:
+            # Aborted to break a cycle, nothing changed: callers may run it again (conflicts.py).
+            raise StoreConflict(f"{self.database.shown}: {_reason(error)}") from None
         except psycopg.OperationalError as error:
             raise StoreError(f"{self.database.shown}: {_reason(error)}") from None
 
@@ -211,9 +215,13 @@ class PostgresStore:
         """Ends the live leases of this fleet among LEASE_IDS, in one
         statement; per id, in order, its proxy's name, or None when there was
         no such lease (an id given twice ends its lease once: the first)."""
-        async with self.connection(transaction=False) as conn:
-            cur = await conn.execute(q.RELEASE, self.params(ids=list(lease_ids)))
-            ended = {str(lease): str(proxy) for lease, proxy in await cur.fetchall()}
+
+        async def once() -> dict[str, str]:
+            async with self.connection(transaction=False) as conn:
+                cur = await conn.execute(q.RELEASE, self.params(ids=list(lease_ids)))
+                return {str(lease): str(proxy) for lease, proxy in await cur.fetchall()}
+
+        ended = await retrying(once)
         return [ended.pop(lease, None) for lease in lease_ids]
 
     async def end_foreign(self, lease_id: str) -> str | None:
