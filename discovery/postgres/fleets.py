@@ -44,10 +44,10 @@ _UPSERT = """INSERT INTO discovery_proxies
                       ELSE array_append(discovery_proxies.fleets, %(fleet)s) END"""
 # The proxies of a fleet the table lacks, lacks the fleet's tag on, or holds
 # with other attributes (another replica's older fleet wrote them): the
-# fleet's rows as arrays, one element per proxy.
-_DIFFERENT = """SELECT n.name FROM unnest(%(names)s::text[], %(providers)s::text[], %(zones)s::text[],
-        %(labelss)s::jsonb[], %(hosts)s::text[], %(ports)s::int[], %(usernames)s::text[],
-        %(passwords)s::text[]) AS n(name, provider, zone, labels, host, port, username, password)
+# fleet's rows as arrays, one per column (named by it), one element per proxy.
+_DIFFERENT = """SELECT n.name FROM unnest(%(name)s::text[], %(provider)s::text[], %(zone)s::text[],
+        %(labels)s::jsonb[], %(host)s::text[], %(port)s::int[], %(username)s::text[],
+        %(password)s::text[]) AS n(name, provider, zone, labels, host, port, username, password)
     WHERE NOT EXISTS (SELECT 1 FROM discovery_proxies p
         WHERE p.name = n.name AND %(fleet)s = ANY(p.fleets)
           AND (p.provider, p.zone, p.labels, p.host, p.port, p.username, p.password)
@@ -116,17 +116,8 @@ async def ensure(store: PostgresStore, tag: str, proxies: Sequence[FleetProxy]) 
     (lease rows, then proxy rows) deadlocked with it under load."""
     rows = _rows(tag, proxies)
     params = store.params() | {"fleet": tag}
-    columns = {
-        "names": "name",
-        "providers": "provider",
-        "zones": "zone",
-        "labelss": "labels",
-        "hosts": "host",
-        "ports": "port",
-        "usernames": "username",
-        "passwords": "password",
-    }
-    arrays = {key: [row[column] for row in rows] for key, column in columns.items()}
+    columns = ("name", "provider", "zone", "labels", "host", "port", "username", "password")
+    arrays = {column: [row[column] for row in rows] for column in columns}
     async with store.connection(transaction=True) as conn:
         await conn.execute(_REGISTER, params)
         cur = await conn.execute(_DIFFERENT, params | arrays)

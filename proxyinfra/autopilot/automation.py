@@ -106,6 +106,9 @@ class AutomationStack:
         # is put in for the update it is for (proxyinfra/partial.py).
         self._env: dict[str, str] = fallback_env()
         self._file = stack_file(project_dir, name)
+        # A file backend's directory (its checkpoint, history and locks are
+        # read there, not through the CLI), or None for any other backend.
+        self._backend = backend_dir()
         workspace = auto.LocalWorkspace(work_dir=str(project_dir), pulumi_command=command)
         workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
         self._stack = self._saltless(lambda: auto.Stack.select(name, workspace))
@@ -113,7 +116,7 @@ class AutomationStack:
 
     def read(self) -> Deployed:
         raw = read_raw(self._file)
-        root = backend_dir()
+        root = self._backend
         found = checkpoint_resources(root, self._project, self.name) if root else None
         if found is None:
             exported = self._saltless(lambda: self._run(["stack", "export"]))
@@ -138,7 +141,7 @@ class AutomationStack:
             self._saltless(lambda: self._stack.set_config(key, config, path=True))
 
     def lock_holder(self) -> str | None:
-        root = backend_dir()
+        root = self._backend
         if root is None:
             return None
         return lock_holder(root, self._project, self.name)
@@ -169,7 +172,7 @@ class AutomationStack:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
         (summary,) = self._saltless(lambda: self._stack.history(page_size=1, show_secrets=False))
-        root = backend_dir()
+        root = self._backend
         number = (
             summary.version
             or (update_count(root, self._project, self.name) if root else None)
