@@ -3,7 +3,9 @@ the image's /etc/cloud/cloud.cfg.d/90_egress_proxy.cfg), judged by Debian's
 cloud-init itself: over Debian's /etc/cloud/cloud.cfg and cloud-init's
 built-in defaults, as a guest merges them at boot, they pass cloud-init's
 schema (else every boot logs "Invalid cloud-config provided"), and its ssh
-module generates no host key with them (the image has no sshd)."""
+module generates no host key with them (the image has no sshd); its final
+stage runs Debian's config and final modules, in Debian's order, less
+grub-dpkg (the image masks cloud-config.service)."""
 
 from __future__ import annotations
 
@@ -44,10 +46,25 @@ cc_ssh.handle("ssh", cfg, Cloud(), logging.getLogger("ssh"), [])
 print(json.dumps({"problem": problem, "keygen": [c for c in commands if "ssh-keygen" in c]}))
 """
 
+# Debian's stage lists beside the image's (the image's win, as at boot).
+STAGES = """
+import json, sys
+import yaml
+from cloudinit import util
+image = yaml.safe_load(sys.stdin.read()) or {}
+debian = util.read_conf("/etc/cloud/cloud.cfg")
+merged = util.mergemanydict([image, debian])
+print(json.dumps({
+    "debian": debian["cloud_config_modules"] + debian["cloud_final_modules"],
+    "config": merged["cloud_config_modules"],
+    "final": merged["cloud_final_modules"],
+}))
+"""
 
-def judged(settings: str) -> dict[str, object]:
+
+def judged(settings: str, script: str = JUDGE) -> dict[str, object]:
     done = subprocess.run(
-        [DEBIAN_PYTHON, "-I", "-c", JUDGE],
+        [DEBIAN_PYTHON, "-I", "-c", script],
         input=settings,
         capture_output=True,
         text=True,
@@ -70,3 +87,11 @@ def test_the_judge_sees_a_schema_error_and_a_host_key_made() -> None:
     assert "ssh_genkeytypes: [] is too short" in str(empty["problem"])
     default = judged("datasource_list: [ NoCloud, None ]\n")
     assert default["problem"] is None and default["keygen"], default
+
+
+def test_the_final_stage_runs_debians_config_and_final_modules_but_grub_dpkg() -> None:
+    """With cloud-config.service masked, a module left out of the image's final
+    list would never run (and a misspelt one is skipped with a warning)."""
+    stages = judged(CLOUD_CFG.read_text(), STAGES)
+    assert stages["config"] == []
+    assert stages["final"] == [m for m in stages["debian"] if m != "grub-dpkg"]  # type: ignore[attr-defined]
