@@ -41,8 +41,8 @@ ONE = NAMES[:1]
 
 @pytest.fixture(params=["checkpoints", "skip-checkpoints"])
 def run_env(request: pytest.FixtureRequest) -> dict[str, str]:
-    """Each kill and recovery as the engine runs by default, and with
-    PULUMI_SKIP_CHECKPOINTS=true (docs/kvm-provider.md: safe for kvm stacks,
+    """The kill while domains boot and its recovery as the engine runs by
+    default, and with PULUMI_SKIP_CHECKPOINTS=true (docs/kvm-provider.md: safe for kvm stacks,
     whose creates take over what a killed run left; the killed run then
     leaves no record at all of what it made)."""
     return {"PULUMI_SKIP_CHECKPOINTS": "true"} if request.param == "skip-checkpoints" else {}
@@ -111,7 +111,7 @@ def test_up_killed_while_domains_boot_recovers_with_refresh_and_up(
 
 
 def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
-    testbed: Testbed, tmp_path: Path, run_env: dict[str, str]
+    testbed: Testbed, tmp_path: Path
 ) -> None:
     """The run is frozen (SIGSTOP) the moment every proxy's overlay and seed
     is in the pool, then killed: the disks and seeds stay under their fixed
@@ -119,7 +119,10 @@ def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
     so the one finished first may have its domain defined already; the last
     one's is not (the engine defines a domain after its disks, and the freeze
     comes first). The recovery takes them over or replaces them; each proxy
-    ends up with one overlay, one seed and one running domain."""
+    ends up with one overlay, one seed and one running domain. With the
+    engine's checkpoints only: without them nothing is recorded, and the
+    takeover of unrecorded overlays and seeds, and of a domain beside them,
+    is the kill while domains boot without checkpoints."""
     conn = libvirt.open(URI)
     with FileServer() as server:
         url = server.add(f"/{uuid.uuid4().hex[:8]}/tiny.qcow2", file=tiny_image())
@@ -127,7 +130,6 @@ def test_up_killed_once_overlays_and_seeds_exist_recovers_with_refresh_and_up(
             tmp_path / "stack",
             f"kill{uuid.uuid4().hex[:6]}",
             tiny_fleet(testbed, url, name="home", replicas=2),
-            run_env,
         )
         ids = [proxy_id("egress-proxies", stack.stack, name) for name in NAMES]
         disks = {overlay_volume(pid) for pid in ids} | {seed_volume(pid) for pid in ids}
