@@ -11,7 +11,13 @@ from collections.abc import Generator
 
 import pytest
 
+# The shared fixtures are imported here, once: a test module that imports a
+# session fixture defines its own copy, which pytest sets up again for it.
 from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
+from tests.support.client_venv import (  # noqa: F401  (session fixtures: the client's wheel, its venv)
+    client_dist,
+    client_venv,
+)
 from tests.support.kube import kube_cluster  # noqa: F401  (session fixture: scripts/kube up)
 from tests.support.programs import ROOT, ExecRecorder, read_registry, unregistered
 from tests.support.suite_order import (

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.client_venv import ClientVenv, make_venv
-from tests.support.client_venv import client_dist as client_dist
-from tests.support.client_venv import client_venv as client_venv
 from tests.support.programs import ROOT
 
 pytestmark = pytest.mark.integration

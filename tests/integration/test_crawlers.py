@@ -28,8 +28,6 @@ from typing import Any
 import pytest
 
 from tests.support.client_venv import ClientVenv
-from tests.support.client_venv import client_dist as client_dist
-from tests.support.client_venv import client_venv as client_venv
 from tests.support.crawlsite import (
     PASSWORD,
     TOKEN,
