@@ -147,7 +147,7 @@ def test_provider_yaml_describes_the_testbed(testbed: Testbed) -> None:
         socket=testbed.socket,
         pool=testbed.pool,
         domain_type="qemu",
-        cpu_mode="maximum",
+        cpu_mode="qemu64",
     )
     no_images: dict[str, Any] = {}  # each stack adds its own, and machine types
     assert provider == kvm_provider(
