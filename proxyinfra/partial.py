@@ -26,11 +26,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from proxyinfra.manifest import ManifestProxy
 from proxyinfra.validation import ConfigError, ConfigIssue
 
 ENV = "EGRESS_PROXIES_PARTIAL"
+# The manifest's fields that every entry has but may be null (``zone``: a
+# kubernetes or external proxy has none). The engine drops null values from
+# the outputs a StackReference hands the program, so a previous entry read
+# back lacks them; they are put back as null.
+NULLABLE = tuple(
+    name
+    for name, field in ManifestProxy.model_fields.items()
+    if field.is_required() and type(None) in get_args(field.annotation)
+)
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ def merged_proxies(
     config says (an edit the last update did not apply), and only a whole
     `pulumi up` can tell what it needs."""
     before = {
-        entry["name"]: entry
+        entry["name"]: {**dict.fromkeys(NULLABLE), **entry}
         for entry in (previous or {}).get("proxies") or []
         if isinstance(entry, dict) and isinstance(entry.get("name"), str)
     }

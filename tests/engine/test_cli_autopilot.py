@@ -34,6 +34,7 @@ from tests.support.http import FileServer
 from tests.support.pulumi_cli import PROJECT, CliStack, descendants, freeze_run
 from tests.support.simulated_fleet import simulated_env
 from tests.support.stack_config import (
+    external_provider,
     host,
     image,
     key_files,
@@ -69,11 +70,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         provider = kvm_provider(
             *key_files(where), hosts=[host("nas1")], images={"d": image(url)}, ip_timeout=30
         )
+        # An external proxy: its manifest entry has a null zone, which the
+        # engine drops from the outputs a partial run reads back.
         config = stack_config(
-            [provider],
+            [provider, external_provider("corp")],
             [
                 proxy("home", "home", replicas=2, where=placement(), labels={"group": "home"}),
                 proxy("edge", "home", where=placement(), labels={"group": "edge"}),
+                proxy("partner", "corp", url="http://crawler:partner-pass@127.0.0.1:9"),
             ],
         )
         config["autopilot"] = POLICY
@@ -179,10 +183,11 @@ def test_a_proxy_blocked_by_three_sites_is_replaced_by_once(world: World) -> Non
     assert change["signal"]["blockedSites"] == 3 and change["proxies"] == ["home-0", "home-0-g2"]
     assert world.config()["generations"] == {"home-0": 2}
     fleet = {p["name"]: p for p in world.publish()["proxies"]}
-    assert sorted(fleet) == ["edge-0", "home-0-g2", "home-1"]
+    assert sorted(fleet) == ["edge-0", "home-0-g2", "home-1", "partner"]
     assert fleet["home-0-g2"]["id"] != old["home-0"]["id"]
     assert fleet["home-1"] == old["home-1"]  # untouched
     assert fleet["edge-0"] == old["edge-0"]  # passwords too, from the previous output
+    assert fleet["partner"] == old["partner"] and old["partner"]["zone"] is None
     assert world.mac("home-0-g2") != old_mac
     assert change["resources"].get("create") == 4 and change["resources"].get("delete") == 4
     # O(change): a partial run (proxyinfra/partial.py), which registers only the

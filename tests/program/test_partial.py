@@ -19,7 +19,13 @@ from proxyinfra.partial import ENV, merged_proxies, read_ticket, ticket
 from proxyinfra.validation import ConfigError
 from tests.harness.program import ProgramResult, run_program
 from tests.support.mock_clouds import mock_resource
-from tests.support.stack_config import placement, proxy, squid, stack_config
+from tests.support.stack_config import (
+    external_provider,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+)
 from tests.support.stack_config import unreachable_kvm_provider as kvm
 
 PROGRAM = "proxyinfra.program:main"
@@ -131,4 +137,38 @@ def test_a_ticket_for_another_stack_or_garbled_is_refused(
 def test_merged_entries_follow_the_config_order() -> None:
     previous = {"proxies": [{"name": "c", "v": 1}, {"name": "a", "v": 1}, {"name": "gone"}]}
     merged = merged_proxies(["a", "b", "c"], {"b": {"name": "b", "v": 2}}, previous)
-    assert merged == [{"name": "a", "v": 1}, {"name": "b", "v": 2}, {"name": "c", "v": 1}]
+    # A previous entry gets back the null zone the engine dropped (below).
+    assert merged == [
+        {"zone": None, "name": "a", "v": 1},
+        {"name": "b", "v": 2},
+        {"zone": None, "name": "c", "v": 1},
+    ]
+
+
+def test_a_previous_entry_read_back_without_its_null_zone_is_written_with_it(
+    tmp_path: Path,
+) -> None:
+    """The engine drops null values from the outputs a StackReference hands
+    the program: an external (or kubernetes) proxy's entry comes back
+    without its `zone`, which the manifest requires (null). Before it was
+    put back, every partial run of such a stack failed in the program."""
+    made = stack_config(
+        [kvm(tmp_path), external_provider("corp")],
+        [
+            proxy("home", "home", replicas=2, where=placement()),
+            proxy("partner", "corp", url="http://crawler:partner-pass@127.0.0.1:9"),
+        ],
+        squid(username="crawler"),
+    )
+    previous = run(made).raise_for_error().output("fleet")
+    [partner] = [p for p in previous["proxies"] if p["name"] == "partner"]
+    assert partner["zone"] is None
+    read_back = [{k: v for k, v in p.items() if v is not None} for p in previous["proxies"]]
+    with ticket("dev", ["home-1-g2"]) as entry:
+        partial = run(
+            {**made, "generations": {"home-1": 2}},
+            {**entry, "PREVIOUS_FLEET": json.dumps({**previous, "proxies": read_back})},
+        )
+    fleet = partial.raise_for_error().output("fleet")
+    assert [p["name"] for p in fleet["proxies"]] == ["home-0", "home-1-g2", "partner"]
+    assert fleet["proxies"][2] == partner
