@@ -24,6 +24,8 @@ source of truth.
   ``PULUMI_SKIP_CHECKPOINTS=true``, and every update without the file
   backend's second copy of the state, unless the operator set either
   (``update_env``).
+- Each command runs with a ``TMPDIR`` of its own, removed after it
+  (``scratch_env``): pulumi-kubernetes leaves its kubeconfig there.
 - The lock: on a file (DIY) backend the lock files under
   ``.pulumi/locks/`` name their holder (user@host, pid, since), and a dead
   one on this host is named stale with its remedy (locks.py); on any
@@ -34,10 +36,13 @@ source of truth.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -64,6 +69,7 @@ _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
 _ERROR_LINES = 6
 SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
 NO_BACKUPS = "PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS"
+TMPDIR = "TMPDIR"
 
 
 def update_env(checkpoints: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -80,6 +86,31 @@ def update_env(checkpoints: bool, environ: Mapping[str, str] = os.environ) -> di
       that changes the stack many times a day adds to the disk."""
     wanted = {NO_BACKUPS: "true"} if checkpoints else {SKIP_CHECKPOINTS: "true", NO_BACKUPS: "true"}
     return {key: value for key, value in wanted.items() if key not in environ}
+
+
+@contextlib.contextmanager
+def scratch_env(env: dict[str, str]) -> Iterator[str]:
+    """ENV with ``TMPDIR`` naming a new private directory (0700, under the
+    one this process was given) for one command, removed after it with
+    whatever the command left there.
+
+    pulumi-kubernetes (4.25) writes a copy of its provider's kubeconfig,
+    client key included, to a new ``$TMPDIR/kubeconfig*`` file each time
+    the engine configures the provider, and never removes it: an autopilot
+    that changes a kubernetes stack every round would leave one per
+    update (docs/kubernetes-provider.md, "Temporary files")."""
+    parent = os.environ.get(TMPDIR) or None
+    where = tempfile.mkdtemp(prefix="egress-proxies-pulumi-", dir=parent)
+    before = env.get(TMPDIR)
+    env[TMPDIR] = where
+    try:
+        yield where
+    finally:
+        if before is None:
+            env.pop(TMPDIR, None)
+        else:
+            env[TMPDIR] = before
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _holder_of(text: str) -> str | None:
@@ -111,7 +142,7 @@ class AutomationStack:
         self._backend = backend_dir()
         workspace = auto.LocalWorkspace(work_dir=str(project_dir), pulumi_command=command)
         workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
-        self._stack = self._saltless(lambda: auto.Stack.select(name, workspace))
+        self._stack = self._cli(lambda: auto.Stack.select(name, workspace))
         self._project = workspace.project_settings().name
 
     def read(self) -> Deployed:
@@ -119,7 +150,7 @@ class AutomationStack:
         root = self._backend
         found = checkpoint_resources(root, self._project, self.name) if root else None
         if found is None:
-            exported = self._saltless(lambda: self._run(["stack", "export"]))
+            exported = self._cli(lambda: self._run(["stack", "export"]))
             found = (json.loads(exported.stdout).get("deployment") or {}).get("resources") or []
         resources = [
             DeployedResource(
@@ -135,10 +166,10 @@ class AutomationStack:
     def set_config(self, path: str, value: int | None) -> None:
         key = f"{NAMESPACE}:{path}"
         if value is None:
-            self._saltless(lambda: self._stack.remove_config(key, path=True))
+            self._cli(lambda: self._stack.remove_config(key, path=True))
         else:
             config = auto.ConfigValue(value=str(value))
-            self._saltless(lambda: self._stack.set_config(key, config, path=True))
+            self._cli(lambda: self._stack.set_config(key, config, path=True))
 
     def lock_holder(self) -> str | None:
         root = self._backend
@@ -161,7 +192,7 @@ class AutomationStack:
                 for_update = {**entry, **update_env(checkpoints)}
                 self._env.update(for_update)
                 try:
-                    self._saltless(lambda: self._up(message, targets))
+                    self._cli(lambda: self._up(message, targets))
                 finally:
                     for key in for_update:
                         self._env.pop(key, None)
@@ -171,19 +202,22 @@ class AutomationStack:
         except auto.CommandError as error:
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
-        (summary,) = self._saltless(lambda: self._stack.history(page_size=1, show_secrets=False))
+        (summary,) = self._cli(lambda: self._stack.history(page_size=1, show_secrets=False))
         root = self._backend
         number = (
             summary.version
             or (update_count(root, self._project, self.name) if root else None)
-            or len(self._saltless(lambda: self._stack.history(show_secrets=False)))
+            or len(self._cli(lambda: self._stack.history(show_secrets=False)))
         )
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))
 
-    def _saltless(self, command: Callable[[], T]) -> T:
-        """Every CLI command of this stack: the stack file keeps no salt it wrote (saltless.py)."""
-        return keeping_saltless(self._file, command)
+    def _cli(self, command: Callable[[], T]) -> T:
+        """Every CLI command of this stack: the stack file keeps no salt it
+        wrote (saltless.py), and the command's temporary files go to a
+        directory of its own, removed after it (``scratch_env``)."""
+        with scratch_env(self._env):
+            return keeping_saltless(self._file, command)
 
     def _run(self, args: list[str]) -> auto.CommandResult:
         """ARGS on this stack, with the workspace's command and environment

@@ -57,6 +57,17 @@ _on_exit() {
   return "$status"
 }
 
+# private_tmpdir: TMPDIR, for the rest of the script and what it runs, is a
+# new private directory (0700) under the one it was given, removed with what
+# is in it when the script exits. pulumi-kubernetes leaves a copy of its
+# kubeconfig, client key included, in $TMPDIR at every run
+# (docs/kubernetes-provider.md, "Temporary files").
+private_tmpdir() {
+  TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/egress-proxies-pulumi.XXXXXX")
+  export TMPDIR
+  at_exit rm -rf "$TMPDIR"
+}
+
 # ---- steps -------------------------------------------------------------------
 
 # run_step [--for SUBJECT] N/M WHAT COMMAND...: run COMMAND (a function, as a

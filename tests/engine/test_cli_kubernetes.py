@@ -2,8 +2,9 @@
 plugin, on the one-node cluster of scripts/kube: squid pods that pass their
 readiness probes, probed and leased by the discovery service on this machine,
 a crawler fetching through them; secrets, no-change previews, drift, a config
-change that rolls the pods, the stored NetworkPolicy, and a destroy that
-leaves nothing of the stack.
+change that rolls the pods, the stored NetworkPolicy, an autopilot update
+that leaves no copy of the kubeconfig behind, and a destroy that leaves
+nothing of the stack.
 
 The steps (`@pytest.mark.step`, tests/support/steps.py) share one stack and
 run in file order, each starting from what the one before left: when one
@@ -29,9 +30,13 @@ import pytest
 from egress_proxies_client import DiscoveryTransport, NoProxyAvailable, lease
 from providers.kubernetes.container import container_settings
 from providers.kubernetes.workload import CONFIG_HASH_ANNOTATION
+from proxyinfra.autopilot.automation import AutomationStack
+from proxyinfra.autopilot.changes import Scale
+from proxyinfra.autopilot.targets import edit_for
 from proxyinfra.config import Squid
 from proxyinfra.names import proxy_id
 from proxyinfra.squid import render_squid_conf
+from proxyinfra.validation import validate
 from tests.support.discovery import (
     ServiceProcess,
     all_healthy,
@@ -42,7 +47,7 @@ from tests.support.discovery import (
 )
 from tests.support.kube import Api, Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
-from tests.support.pulumi_cli import CliStack
+from tests.support.pulumi_cli import PROJECT, CliStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
 
@@ -384,19 +389,57 @@ def test_the_network_policy_the_api_server_stores(stack: CliStack, kube_cluster:
 
 
 @pytest.mark.step
+def test_an_autopilot_update_leaves_no_copy_of_the_kubeconfig_behind(
+    stack: CliStack, kube_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The autopilot's own update (AutomationStack, the edit and targets it
+    computes for a scale of `pods` from 3 to 2) on the real plugin.
+    pulumi-kubernetes writes a copy of the kubeconfig, client key included,
+    to $TMPDIR each time the engine configures it, and never removes it: the
+    CLI runs of the steps above left theirs in the stack's own TMPDIR. The
+    autopilot runs each command with a TMPDIR of its own and removes it."""
+    copies = sorted(stack.tmpdir.glob("kubeconfig*"))
+    assert copies, "the plugin wrote no kubeconfig copy: this step's premise is gone"
+    assert "client-key-data" in copies[0].read_text()
+    for copy in copies:
+        copy.unlink()
+    assert list(stack.tmpdir.iterdir()) == []
+    for key, value in stack.env().items():
+        monkeypatch.setenv(key, value)  # the CLI's TMPDIR among them: stack.tmpdir
+    automation = AutomationStack(stack.directory, STACK)
+    deployed = automation.read()
+    change = Scale("pods", 3, 2, "idle", "the kubeconfig copy step")
+    edit = edit_for(change, validate(deployed.config, stack.directory), deployed, PROJECT, STACK)
+    automation.set_config(edit.path, edit.after)
+    updated = automation.update(change.message, edit.targets, edit.registers)
+    assert updated.changes.get("delete"), updated.changes
+    gone = ids()[2]
+    wait_for(
+        lambda: kube_cluster.api.get(apps(f"/deployments/{gone}")) is None,
+        timeout=120,
+        interval=0.5,
+        what=f"deployment {gone} to be gone",
+    )
+    assert kube_cluster.api.get(apps(f"/deployments/{ids()[1]}")) is not None
+    assert list(stack.tmpdir.iterdir()) == []
+
+
+@pytest.mark.step
 def test_destroy_removes_the_stack_s_namespace_and_everything_in_it(
     stack: CliStack, kube_cluster: Cluster
 ) -> None:
     started = time.monotonic()
     stack.ok("destroy", "--yes", "--skip-preview")
-    TIMES["destroy of 3 pods"] = time.monotonic() - started
+    TIMES["destroy of 2 pods"] = time.monotonic() - started
     api = kube_cluster.api
     wait_for(
         lambda: api.get(ns()) is None, timeout=120, interval=0.5, what="the namespace to be gone"
     )
     assert stack_objects(kube_cluster) == []
     assert stack.resources() == []
-    print(f"\nkubernetes stack of 3 pods: {', '.join(f'{k} {v:.1f}s' for k, v in TIMES.items())}")
+    print(
+        f"\nkubernetes stack of 3 pods (2 at the destroy): {', '.join(f'{k} {v:.1f}s' for k, v in TIMES.items())}"
+    )
 
 
 # --- a namespace the stack does not own, and bad access ----------------------------------

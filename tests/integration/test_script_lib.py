@@ -96,6 +96,31 @@ def test_exit_hooks_run_last_first_and_the_exit_status_stays(tmp_path: Path) -> 
     assert done.stdout == "the last hook\nthe first hook\n"
 
 
+def test_a_private_tmpdir_holds_what_children_write_there_and_goes_at_exit(
+    tmp_path: Path,
+) -> None:
+    given = tmp_path / "given"
+    given.mkdir()
+    (tmp_path / "env").write_text(f"export TMPDIR={given}\n")
+    done = bash(
+        """
+        . "$1/env"
+        private_tmpdir
+        # A child writing a temporary file, as pulumi-kubernetes writes its kubeconfig copy.
+        leftover=$(mktemp -t kubeconfigXXXXXX)
+        echo "$TMPDIR $(stat -c %a "$TMPDIR") $leftover"
+        exit 3
+        """,
+        tmp_path,
+    )
+    assert done.returncode == 3, done.stderr
+    private, mode, leftover = done.stdout.split()
+    assert Path(private).parent == given
+    assert mode == "700"
+    assert Path(leftover).parent == Path(private)
+    assert list(given.iterdir()) == []
+
+
 def test_a_build_dir_goes_at_exit_with_what_is_mounted_below_it(tmp_path: Path) -> None:
     killed = tmp_path / "build.left"
     (killed / "tree").mkdir(parents=True)

@@ -44,6 +44,7 @@ class CliStack:
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)
+        self.tmpdir.mkdir(exist_ok=True)
         project = {
             "name": PROJECT,
             "runtime": {
@@ -80,6 +81,13 @@ class CliStack:
                         (mine / file.name).symlink_to(file)
 
     @property
+    def tmpdir(self) -> Path:
+        """The CLI's TMPDIR: pulumi-kubernetes leaves a copy of its kubeconfig
+        (client key included) in it at each run (docs/kubernetes-provider.md,
+        "Temporary files"); here it stays in the test's own directory."""
+        return self.directory / "tmp"
+
+    @property
     def stack_file(self) -> Path:
         return self.directory / f"Pulumi.{self.stack}.yaml"
 
@@ -97,6 +105,7 @@ class CliStack:
             PATH=f"{PULUMI.parent}:{os.environ.get('PATH', '')}",
             PULUMI_HOME=str(self.directory / "pulumi-home"),
             PULUMI_BACKEND_URL=f"file://{self.directory / 'state'}",
+            TMPDIR=str(self.tmpdir),
             PULUMI_CONFIG_PASSPHRASE=self.passphrase,
             PULUMI_SKIP_UPDATE_CHECK="true",
             PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION="true",
