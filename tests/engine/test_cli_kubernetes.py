@@ -30,13 +30,10 @@ import pytest
 from egress_proxies_client import DiscoveryTransport, NoProxyAvailable, lease
 from providers.kubernetes.container import container_settings
 from providers.kubernetes.workload import CONFIG_HASH_ANNOTATION
-from proxyinfra.autopilot.automation import AutomationStack
-from proxyinfra.autopilot.changes import Scale
-from proxyinfra.autopilot.targets import edit_for
 from proxyinfra.config import Squid
 from proxyinfra.names import proxy_id
 from proxyinfra.squid import render_squid_conf
-from proxyinfra.validation import validate
+from tests.support.autopilot_cli import scale_by_the_autopilot
 from tests.support.discovery import (
     ServiceProcess,
     all_healthy,
@@ -47,7 +44,7 @@ from tests.support.discovery import (
 )
 from tests.support.kube import Api, Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
-from tests.support.pulumi_cli import PROJECT, CliStack
+from tests.support.pulumi_cli import CliStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli, pytest.mark.kubernetes]
 
@@ -404,14 +401,8 @@ def test_an_autopilot_update_leaves_no_copy_of_the_kubeconfig_behind(
     for copy in copies:
         copy.unlink()
     assert list(stack.tmpdir.iterdir()) == []
-    for key, value in stack.env().items():
-        monkeypatch.setenv(key, value)  # the CLI's TMPDIR among them: stack.tmpdir
-    automation = AutomationStack(stack.directory, STACK)
-    deployed = automation.read()
-    change = Scale("pods", 3, 2, "idle", "the kubeconfig copy step")
-    edit = edit_for(change, validate(deployed.config, stack.directory), deployed, PROJECT, STACK)
-    automation.set_config(edit.path, edit.after)
-    updated = automation.update(change.message, edit.targets, edit.registers)
+    # The CLI's TMPDIR, in the stack's environment the autopilot is given: stack.tmpdir.
+    updated = scale_by_the_autopilot(stack, "pods", 3, 2, monkeypatch)
     assert updated.changes.get("delete"), updated.changes
     gone = ids()[2]
     wait_for(

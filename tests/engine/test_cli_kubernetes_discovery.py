@@ -3,7 +3,7 @@ through the real Pulumi CLI on the one-node cluster of scripts/kube: 3 squid
 pods and 2 replicas of the service on the stack's own PostgreSQL pod, from
 one `pulumi up`. From this machine, through the Service's cluster IP, a
 crawler leases a pod and fetches a page; the fleet changes by `up` without a
-restart; a replica's pod dies during lease churn; a rolling update keeps
+restart, and by the autopilot's targeted update; a replica's pod dies during lease churn; a rolling update keeps
 grants answering; no secret in plain text; bad config named before any
 resource; `destroy` leaves nothing.
 
@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from egress_proxies_client import lease
+from tests.support.autopilot_cli import scale_by_the_autopilot
 from tests.support.discovery import api_client, proxies, wait_for
 from tests.support.kube import Cluster, kube_stack_config
 from tests.support.proxyvm import PAGE, PageServer, self_signed
@@ -250,6 +251,27 @@ def test_a_fleet_change_reaches_the_running_service_without_a_restart(
         for p in service_pods(kube_cluster)
     }
     assert after == before  # the same pods, never restarted
+
+
+@pytest.mark.step
+def test_an_autopilot_scale_reaches_the_running_service(
+    stack: CliStack, kube_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The autopilot's targeted update and partial run (issue 40) on a stack
+    that runs its own service (issue 41): the fleet Secret is among its
+    targets, so the service reloads the new manifest as after a whole `up`."""
+    url, token = credentials(stack)
+    updated = scale_by_the_autopilot(stack, "more", 1, 2, monkeypatch)
+    assert updated.changes.get("create"), updated.changes
+    with api_client(url, token) as client:
+        wait_for(
+            lambda: set(proxies(client)) == {"pods-0", "pods-1", "more-0", "more-1"},
+            timeout=180,
+            interval=1,
+            what="the running service to serve more-1 (the fleet Secret updated by the autopilot)",
+        )
+    # The partial run left the state a whole run agrees with.
+    stack.ok("preview", "--expect-no-changes")
 
 
 def churn(

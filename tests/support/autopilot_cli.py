@@ -21,10 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from providers.kvm.simulated import SimulatedHost
+from proxyinfra.autopilot.automation import AutomationStack
+from proxyinfra.autopilot.changes import Scale
+from proxyinfra.autopilot.seam import Updated
+from proxyinfra.autopilot.targets import edit_for
 from proxyinfra.names import proxy_id
+from proxyinfra.validation import validate
 from tests.support import ROOT
 from tests.support.discovery import ServerThread, wait_for
 from tests.support.pulumi_cli import PROJECT, CliStack
@@ -122,3 +128,22 @@ def decisions(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
 
 def events(done: subprocess.CompletedProcess[str], event: str) -> Iterator[dict[str, Any]]:
     return (d for d in decisions(done) if d["event"] == event)
+
+
+def scale_by_the_autopilot(
+    stack: CliStack, group: str, before: int, after: int, monkeypatch: pytest.MonkeyPatch
+) -> Updated:
+    """GROUP scaled from BEFORE to AFTER as a round applies a change: the
+    autopilot's own AutomationStack (in this process, with the stack's
+    environment) writes the edit and runs the targeted update and partial
+    run that `edit_for` computes. For stacks whose proxies the service
+    cannot be fed signals for here (pods on the cluster)."""
+    for key, value in stack.env().items():
+        monkeypatch.setenv(key, value)
+    automation = AutomationStack(stack.directory, stack.stack)
+    deployed = automation.read()
+    change = Scale(group, before, after, "demand", "a test's scale")
+    config = validate(deployed.config, stack.directory)
+    edit = edit_for(change, config, deployed, PROJECT, stack.stack)
+    automation.set_config(edit.path, edit.after)
+    return automation.update(change.message, edit.targets, edit.registers)
