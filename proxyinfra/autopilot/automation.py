@@ -49,7 +49,7 @@ from typing import TypeVar
 
 from pulumi import automation as auto
 
-from proxyinfra.autopilot.changes import one_line
+from proxyinfra.autopilot.failure import failure_summary
 from proxyinfra.autopilot.locks import lock_holder
 from proxyinfra.autopilot.memory import backend_dir
 from proxyinfra.autopilot.saltless import fallback_env, keeping_saltless
@@ -66,7 +66,6 @@ from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
 
 T = TypeVar("T")
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
-_ERROR_LINES = 6
 SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
 NO_BACKUPS = "PULUMI_DIY_BACKEND_DISABLE_CHECKPOINT_BACKUPS"
 TMPDIR = "TMPDIR"
@@ -200,8 +199,7 @@ class AutomationStack:
             # The lock file says more than the engine's message (a dead holder).
             raise StackBusy(self.lock_holder() or _holder_of(str(error))) from None
         except auto.CommandError as error:
-            lines = [line for line in str(error).splitlines() if line.strip()]
-            raise UpdateFailed(one_line(" | ".join(lines[-_ERROR_LINES:]))) from None
+            raise UpdateFailed(failure_summary(str(error))) from None
         (summary,) = self._cli(lambda: self._stack.history(page_size=1, show_secrets=False))
         root = self._backend
         number = (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -342,6 +343,38 @@ def test_a_manual_update_holding_the_lock_is_waited_for_then_the_change_goes_on(
     assert change["result"] == "applied" and change["duration"] > 0
     assert world.history()[0]["message"] == change["message"]
     assert world.history()[1]["kind"] == "update"  # the manual one, before it
+
+
+@pytest.mark.step
+def test_a_failed_update_names_its_cause_and_undoes_its_edit(world: World) -> None:
+    """A host that lost its volumes (an empty one in its place): the scale-up's
+    creates fail on it. The decision log says why, with no secret in it, and
+    the config edit is undone."""
+    policy = json.loads(json.dumps(POLICY))
+    policy["scale"]["groups"]["home"] = {"min": 5, "max": 5}
+    world.stack.write_config({**world.config(), "autopilot": policy})
+    before = world.replicas()["home"]
+    history = world.history()
+    host = world.hosts / "home--nas1"
+    kept = host.with_name("home--nas1.kept")
+    host.rename(kept)
+    try:
+        done = world.autopilot("--once")
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+        kept.rename(host)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [change] = [d for d in decisions(done) if d["event"] == "change"]
+    assert change["result"] == "failed", change
+    # The cause, as the kvm provider raised it, named by the resource that failed.
+    assert change["error"].startswith(
+        f"home-{before}-overlay: HostResourceMissing: host 'nas1' "
+    ), change["error"]
+    assert "is not a volume libvirt knows" in change["error"]
+    assert world.replicas()["home"] == before  # the edit undone
+    assert len(world.history()) == len(history) + 1  # the failed update, in the history
+    passwords = [p["auth"]["password"] for p in world.publish()["proxies"] if "auth" in p]
+    assert passwords and not any(pw in done.stdout + done.stderr for pw in passwords)
 
 
 def _thaw(process: subprocess.Popen[Any]) -> None:
