@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import paramiko
 
-from providers.kvm.rundir import private_dir
+from providers.kvm.rundir import SOCKET, private_dir
 
 log = logging.getLogger("kvm")
 CHUNK = 256 * 1024
@@ -36,7 +36,7 @@ class SocketBridge:
         self._label = label
         # A 0700 directory: only this user can connect to the host's libvirt.
         self._dir = private_dir("egress-libvirt-")
-        self.path = os.path.join(self._dir, "libvirt.sock")
+        self.path = os.path.join(self._dir, SOCKET)
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         self._server.listen(16)

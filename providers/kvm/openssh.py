@@ -31,7 +31,7 @@ from typing import Any
 import libvirt
 
 from providers.kvm.access import HostAccess
-from providers.kvm.rundir import private_dir
+from providers.kvm.rundir import SOCKET, private_dir
 from providers.kvm.ssh import CONNECT_TIMEOUT
 
 log = logging.getLogger("kvm")
@@ -107,7 +107,7 @@ class Forward:
     def __init__(self, access: HostAccess, program: str) -> None:
         self.access = access
         self._dir = private_dir("egress-ssh-")  # 0700: only this user connects
-        self.path = os.path.join(self._dir, "libvirt.sock")
+        self.path = os.path.join(self._dir, SOCKET)
         self._errors = Path(self._dir, "ssh.err")
         with self._errors.open("wb") as errors:
             self.process = subprocess.Popen(

@@ -18,15 +18,32 @@ import shutil
 import tempfile
 
 _OWNED = re.compile(r"(\d+)-[^/]+")
+# A socket's path must fit in sockaddr_un's sun_path: 108 bytes on Linux,
+# its terminating NUL among them ("AF_UNIX path too long" otherwise).
+SUN_PATH = 107
+SOCKET = "libvirt.sock"
+# The longest name mkdtemp gives: the prefix, a pid (pid_max is at most
+# 2**22, 7 digits), "-", 8 random characters.
+_NAME_ROOM = 7 + 1 + 8
+# Where sockets go when the temporary directory's path leaves them no room.
+SHORT_PARENT = "/tmp"
 
 
 def private_dir(prefix: str, *, parent: str | None = None) -> str:
     """A new 0700 directory ``<parent>/<prefix><pid>-<random>``, after
-    sweeping the directories of PREFIX that dead processes left in PARENT
-    (the temporary directory by default)."""
-    where = parent if parent is not None else tempfile.gettempdir()
+    sweeping the directories of PREFIX that dead processes left in PARENT:
+    by default the temporary directory, or /tmp when a socket in the
+    directory's path would not fit in sun_path (a deep $TMPDIR: the one the
+    autopilot gives each command, a CI's, a test's)."""
+    where = parent if parent is not None else socket_parent(prefix)
     sweep(prefix, where)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=where)
+
+
+def socket_parent(prefix: str, socket: str = SOCKET) -> str:
+    where = tempfile.gettempdir()
+    longest = os.path.join(where, prefix + "x" * _NAME_ROOM, socket)
+    return where if len(os.fsencode(longest)) <= SUN_PATH else SHORT_PARENT
 
 
 def sweep(prefix: str, parent: str) -> list[str]:

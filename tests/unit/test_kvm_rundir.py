@@ -4,7 +4,9 @@ removed by the next one (providers/kvm/rundir.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -86,3 +88,36 @@ def test_the_bridge_of_a_killed_provider_is_swept_by_the_next(short_dir: Path) -
     finally:
         tempfile.tempdir = saved
     assert not Path(bridge.path).parent.exists()
+
+
+def test_sockets_go_to_tmp_when_the_temporary_directory_leaves_them_no_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deep $TMPDIR (the CLI's in a test stack, 56 characters and more,
+    measured: "AF_UNIX path too long" from every kvm create)."""
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    made = Path(private_dir(PREFIX))
+    try:
+        assert made.parent == Path("/tmp")
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(made / "libvirt.sock"))
+    finally:
+        made.joinpath("libvirt.sock").unlink(missing_ok=True)
+        made.rmdir()
+    # Too long in the deep one, it is why: the same bind there fails.
+    with socket.socket(socket.AF_UNIX) as server, pytest.raises(OSError, match="too long"):
+        server.bind(str(deep / f"{PREFIX}{os.getpid()}-abcdefgh" / "libvirt.sock"))
+
+
+def test_sockets_stay_in_a_temporary_directory_that_leaves_them_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    short = Path(tempfile.mkdtemp(prefix="s-", dir="/tmp"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        made = Path(private_dir(PREFIX))
+        assert made.parent == short
+    finally:
+        shutil.rmtree(short)
