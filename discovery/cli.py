@@ -221,6 +221,14 @@ def _gateway_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"close a tunnel that moved nothing this long (default {defaults.tunnel_idle:g})",
     )
+    group.add_argument(
+        "--gateway-answer-timeout",
+        type=_positive,
+        default=defaults.answer_timeout,
+        metavar="SECONDS",
+        help="answer 504 when a proxy sends no answer this long after it took a request "
+        f"(default {defaults.answer_timeout:g})",
+    )
 
 
 def _gateway_settings(args: argparse.Namespace) -> GatewaySettings | None:
@@ -239,6 +247,7 @@ def _gateway_settings(args: argparse.Namespace) -> GatewaySettings | None:
         max_tunnels=args.gateway_max_tunnels,
         holder_tunnels=args.gateway_holder_tunnels,
         tunnel_idle=args.gateway_tunnel_idle,
+        answer_timeout=args.gateway_answer_timeout,
     )
 
 

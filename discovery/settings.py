@@ -26,6 +26,9 @@ class GatewaySettings:
     max_tunnels: int = 4096  # open tunnels at once (each holds two descriptors)
     holder_tunnels: int = 1024  # open tunnels of one holder
     tunnel_idle: float = 300.0  # a tunnel that moves no byte this long is closed
+    # A squid's answer head to a request or CONNECT (it reaches the site first):
+    # then the client gets a 504, and the proxy is not blamed (upstream.py).
+    answer_timeout: float = 30.0
     max_body: int = 16 * 1024 * 1024  # plain HTTP request bodies are read whole
 
 

@@ -7,9 +7,12 @@ site, which moves the session or the site's set to another proxy, and an
 idempotent request without a body is sent once more through another proxy.
 Squid's own error pages (`X-Squid-Error`: it could not reach the site) are
 the site's failure, not a ban, and go to the client as they are. A squid
-that fails (refused, reset, timed out, an answer that is no HTTP, its
-credentials refused: a 407, `error` by the verdict) is reported `error`, and
-a request that may be sent twice is.
+that fails (refused, reset, no connection in time, an answer that is no
+HTTP, its credentials refused: a 407, `error` by the verdict) is reported
+`error`, and a request that may be sent twice is sent once more. A squid
+that took the request and does not answer in time is waiting on the site,
+for all the gateway knows: the client gets a 504 and nothing is reported
+(take.no_answer).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import httptools
 from discovery.gateway.bans import verdict
 from discovery.gateway.holds import Hold
 from discovery.gateway.identity import Identity
-from discovery.gateway.take import site_of, take, upstream_failed
-from discovery.gateway.upstream import Answer, Upstream, UpstreamError
+from discovery.gateway.take import no_answer, site_of, take, upstream_failed
+from discovery.gateway.upstream import Answer, NoAnswer, Upstream, UpstreamError
 from discovery.gateway.wire import RequestHead, basic_credentials, forward_request, response_head
 
 if TYPE_CHECKING:
@@ -88,6 +91,10 @@ async def _exchange(
         conn.drop_upstream()
         await upstream_failed(conn, request, hold, site, failure, last=last)
         return False if last else None
+    except NoAnswer as failure:
+        conn.drop_upstream()
+        no_answer(conn, request, failure)
+        return False
     gateway.metrics.first_byte.observe(time.perf_counter() - started)
     banned = outcome == "blocked"
     if banned:
@@ -119,7 +126,9 @@ async def _send(
             if failure.kind not in ("closed", "reset"):
                 raise
     conn.drop_upstream()
-    upstream = await Upstream.open(proxy.host, proxy.port)
+    upstream = await Upstream.open(
+        proxy.host, proxy.port, answer_timeout=conn.gateway.settings.answer_timeout
+    )
     conn.upstream, conn.upstream_proxy = upstream, proxy
     assert upstream.transport is not None
     conn.paused_peer = upstream.transport

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from discovery.book.errors import NoProxyAvailable, StoreUnavailable
 from discovery.gateway.holds import Hold, HolderLimit
 from discovery.gateway.identity import Identity
-from discovery.gateway.upstream import UpstreamError
+from discovery.gateway.upstream import NoAnswer, UpstreamError
 from discovery.gateway.wire import RequestHead
 from discovery.targets import host_of
 
@@ -85,4 +85,16 @@ async def upstream_failed(
         conn.refuse(502, "upstream_error", f"the proxies failed: {failure}")
 
 
-__all__ = ["REASONS", "site_of", "take", "upstream_failed"]
+def no_answer(conn: ClientConnection, request: RequestHead, failure: NoAnswer) -> None:
+    """A leased squid took the request and did not answer in time: the client's
+    504, and no report. A dead or slow site looks just like this, and
+    blaming the proxy for it would mark healthy proxies failed one after
+    another (two reports in a row make one unhealthy) for one bad site;
+    a squid that hangs for every site fails its health probes instead. Not
+    tried again elsewhere: another proxy would wait on the same site."""
+    conn.gateway.metrics.upstream_errors.labels("no_answer").inc()
+    conn.count(request, "no_answer")
+    conn.refuse(504, "upstream_timeout", str(failure))
+
+
+__all__ = ["REASONS", "no_answer", "site_of", "take", "upstream_failed"]

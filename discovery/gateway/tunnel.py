@@ -2,11 +2,13 @@
 client's TLS handshake is its own: the gateway sees only the host and port).
 
 The squid is asked to CONNECT with its own credentials; a squid that
-refuses the connection, drops it, times out or rejects those credentials is
-reported `error` and the tunnel is tried once more on another proxy before
-the client gets an answer. What the squid decides about the destination
-(403: a port or address its rules refuse; 502/503/504: it could not reach
-the site) is the client's answer, not the proxy's fault.
+refuses the connection, drops it, gives no connection in time or rejects
+those credentials is reported `error` and the tunnel is tried once more on
+another proxy before the client gets an answer. What the squid decides about
+the destination (403: a port or address its rules refuse; 502/503/504: it
+could not reach the site) is the client's answer, not the proxy's fault;
+and so is no answer in time (a 504, take.no_answer): the squid is still
+trying to reach the site.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import TYPE_CHECKING
 from discovery.gateway.holds import Hold
 from discovery.gateway.identity import Identity
 from discovery.gateway.relay import Tunnel
-from discovery.gateway.take import site_of, take, upstream_failed
-from discovery.gateway.upstream import Upstream, UpstreamError
+from discovery.gateway.take import no_answer, site_of, take, upstream_failed
+from discovery.gateway.upstream import NoAnswer, Upstream, UpstreamError
 from discovery.gateway.wire import TUNNEL_OPEN, RequestHead, basic_credentials
 
 if TYPE_CHECKING:
@@ -75,7 +77,9 @@ async def open_tunnel(conn: ClientConnection, request: RequestHead, identity: Id
         upstream: Upstream | None = None
         try:
             proxy = hold.lease.proxy
-            upstream = await Upstream.open(proxy.host, proxy.port)
+            upstream = await Upstream.open(
+                proxy.host, proxy.port, answer_timeout=gateway.settings.answer_timeout
+            )
             status, _head, rest = await upstream.handshake(
                 request.target, basic_credentials(proxy.username, proxy.password)
             )
@@ -90,6 +94,12 @@ async def open_tunnel(conn: ClientConnection, request: RequestHead, identity: Id
             if last:
                 return
             continue
+        except NoAnswer as failure:
+            if upstream is not None:
+                upstream.close()
+            gateway.holds.done(hold)
+            no_answer(conn, request, failure)
+            return
         except BaseException:  # the client went away (cancelled) meanwhile
             if upstream is not None:
                 upstream.close()

@@ -3,9 +3,12 @@ plain HTTP exchanges whose answers are parsed (httptools) so the gateway sees
 the status before the client does, and knows where each answer ends (keep-
 alive on both sides).
 
-Any failure of the squid itself (refused, reset, closed early, timed out, an
-answer that is no HTTP) raises UpstreamError with its `kind`, which is what
-the `error` report and the metrics say.
+Any failure of the squid itself (refused, reset, closed early, no connection
+in time, an answer that is no HTTP) raises UpstreamError with its `kind`,
+which is what the `error` report and the metrics say. A squid that took the
+request and sends no answer in time raises NoAnswer instead: it waits on
+the site (a dead host, a slow server), as far as the gateway can tell, and
+only the health probes may say otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ MAX_ANSWER_HEAD = 64 * 1024
 class UpstreamError(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
-        self.kind = kind  # refused | reset | timeout | closed | protocol
+        self.kind = kind  # refused | reset | timeout | closed | protocol | unreachable | auth
+
+
+class NoAnswer(Exception):
+    """The squid took the request and sent no answer head in time."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            f"no answer through the proxy within {timeout:g} s: the site may be slow or unreachable"
+        )
 
 
 @dataclass
@@ -47,7 +59,8 @@ class Answer:
 class Upstream(asyncio.Protocol):
     """One TCP connection to a squid."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_timeout: float = ANSWER_TIMEOUT_S) -> None:
+        self.answer_timeout = answer_timeout
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.closed = False
@@ -100,11 +113,13 @@ class Upstream(asyncio.Protocol):
     # -- opening and the CONNECT handshake -------------------------------------------------
 
     @classmethod
-    async def open(cls, host: str, port: int) -> Upstream:
+    async def open(
+        cls, host: str, port: int, *, answer_timeout: float = ANSWER_TIMEOUT_S
+    ) -> Upstream:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                _, protocol = await loop.create_connection(cls, host, port)
+                _, protocol = await loop.create_connection(lambda: cls(answer_timeout), host, port)
         except TimeoutError:
             raise UpstreamError(
                 "timeout", f"no connection within {CONNECT_TIMEOUT_S:g} s"
@@ -127,7 +142,7 @@ class Upstream(asyncio.Protocol):
 
     async def _read_head(self) -> bytes:
         try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            async with asyncio.timeout(self.answer_timeout):
                 while True:
                     end = self.buffer.find(b"\r\n\r\n")
                     if end >= 0:
@@ -140,7 +155,7 @@ class Upstream(asyncio.Protocol):
                         raise UpstreamError("closed", "the squid closed before it answered")
                     await self._wait()
         except TimeoutError:
-            raise UpstreamError("timeout", f"no answer within {ANSWER_TIMEOUT_S:g} s") from None
+            raise NoAnswer(self.answer_timeout) from None
 
     # -- plain HTTP ------------------------------------------------------------------------
 
@@ -158,10 +173,10 @@ class Upstream(asyncio.Protocol):
         self.sink, self.early = None, []
         self.transport.write(request)
         try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            async with asyncio.timeout(self.answer_timeout):
                 return await asyncio.shield(self._head)
         except TimeoutError:
-            raise UpstreamError("timeout", f"no answer within {ANSWER_TIMEOUT_S:g} s") from None
+            raise NoAnswer(self.answer_timeout) from None
 
     async def complete(self) -> None:
         assert self._complete is not None
@@ -266,4 +281,11 @@ def _status(head: bytes) -> tuple[int, bytes]:
         raise UpstreamError("protocol", "the squid's answer is not HTTP") from None
 
 
-__all__ = ["ANSWER_TIMEOUT_S", "CONNECT_TIMEOUT_S", "Answer", "Upstream", "UpstreamError"]
+__all__ = [
+    "ANSWER_TIMEOUT_S",
+    "CONNECT_TIMEOUT_S",
+    "Answer",
+    "NoAnswer",
+    "Upstream",
+    "UpstreamError",
+]

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.support.crawlsite import TOKEN, BanningSite, Proxy, client, crawl_service, start_proxies
+from tests.support.deadsites import SilentSite, UnreachableSite
 from tests.support.discovery import ServiceProcess, free_port, proxies
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import postgres as postgres
@@ -339,6 +340,39 @@ def test_a_squid_killed_under_an_open_tunnel_closes_it_and_the_next_tries_anothe
         assert address_of(answer) != dead.address
         metrics = httpx.get(gateway.service.url + "/metrics").text
         assert 'discovery_gateway_upstream_errors_total{kind="refused"}' in metrics
+
+
+def test_a_site_that_does_not_answer_is_a_504_and_blames_no_proxy(
+    tmp_path: Path, squids: list[Proxy]
+) -> None:
+    """A hung server and a host that drops connections: the squid waits on the
+    site, so the proxy is not reported (two reports in a row would make it
+    unhealthy: a crawler on a few dead links would take the fleet down)."""
+    with (
+        SilentSite() as silent,
+        UnreachableSite() as unreachable,
+        BanningSite(limit=100) as site,
+        start_gateway(tmp_path, squids, "--gateway-answer-timeout", "1") as gateway,
+    ):
+        with gateway.http("c-session-dead") as http:
+            for _ in range(3):
+                answer = http.get(silent.url)
+                assert answer.status_code == 504
+                assert answer.headers["egress-gateway-reason"] == "upstream_timeout"
+                assert "no answer through the proxy within 1 s" in answer.text
+        target = unreachable.authority.encode()
+        connect = b"CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n"
+        for _ in range(3):
+            refused = gateway.raw(connect % (target, target, auth("crawler7", TOKEN)))
+            assert status_and_reason(refused) == (504, "upstream_timeout")
+        metrics = httpx.get(gateway.service.url + "/metrics").text
+        assert 'discovery_gateway_upstream_errors_total{kind="no_answer"} 6.0' in metrics
+        assert "egress_health_reported_errors_total 0.0" in metrics
+        with client(gateway.service) as api:
+            listed = proxies(api).values()
+        assert all(p["health"] == "healthy" for p in listed), listed
+        with gateway.http("c-session-dead") as http:
+            assert http.get(f"{site.base}/page/1").status_code == 200
 
 
 def test_no_healthy_proxy_and_an_empty_fleet_are_a_503_with_retry_after(tmp_path: Path) -> None:

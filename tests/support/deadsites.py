@@ -1,0 +1,130 @@
+"""Sites that never answer, on loopback, to send requests through a real squid
+to: what a crawler meets on dead links and overloaded servers, and what must
+not count against the proxy in between.
+
+- SilentSite accepts connections and reads requests but never answers (a
+  hung server): squid forwards a plain request and waits for the answer.
+- UnreachableSite drops new connections (its accept queue is full, so the
+  kernel drops their SYNs, as a firewall that drops packets would): squid's
+  CONNECT to it waits for a TCP connection that never comes.
+- TlsSite(context) speaks TLS with `context` (a certificate no client
+  trusts) and closes after the handshake; TlsSite(None) resets every
+  connection at once, the client's TLS handshake cut off.
+- closed_port(): a port nothing listens on (squid's CONNECT is refused).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import threading
+from types import TracebackType
+
+
+class SilentSite:
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            self._held.append(conn)  # kept open, never answered
+
+    def __enter__(self) -> SilentSite:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.close()
+        for conn in self._held:
+            conn.close()
+
+
+class UnreachableSite:
+    def __init__(self) -> None:
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(0)
+        self.port: int = self._server.getsockname()[1]
+        # Fill the accept queue (Linux queues backlog + 1): never accepted, so
+        # every later SYN is dropped and its connect() waits.
+        self._fillers: list[socket.socket] = []
+        for _ in range(2):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", self.port))
+            self._fillers.append(filler)
+
+    @property
+    def authority(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UnreachableSite:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for filler in self._fillers:
+            filler.close()
+        self._server.close()
+
+
+class TlsSite:
+    def __init__(self, context: ssl.SSLContext | None) -> None:
+        self._context = context
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}/"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # closed
+                return
+            if self._context is None:
+                # SO_LINGER 0: close sends a reset, not a FIN.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                continue
+            conn.settimeout(5)
+            try:
+                with self._context.wrap_socket(conn, server_side=True):
+                    pass
+            except OSError:  # the client refused the certificate, as it should
+                conn.close()
+
+    def __enter__(self) -> TlsSite:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: not reused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
