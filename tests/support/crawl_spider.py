@@ -4,8 +4,9 @@ subprocess, as a crawler author runs one):
     python -m scrapy runspider tests/support/crawl_spider.py -a base=URL -a pages=40 \\
         -s DISCOVERY_URL=... -O items.jsonl
 
-It asks for /page/0 ... /page/<pages-1> of `base` and yields one item per
-answer (page, status, the proxy's name from the middleware). `fail_at=N`
+It asks for /page/0 ... /page/<pages-1> of `base` (or, with `-a urls=U1,U2`,
+for those URLs) and yields one item per answer (page, status, the proxy's
+name from the middleware). `fail_at=N`
 makes the callback of page N raise (with CLOSESPIDER_ERRORCOUNT=1 the
 spider then closes early, with requests in flight). `JsonStats` writes
 Scrapy's stats to $CRAWL_STATS_FILE when the spider closes, after every
@@ -40,15 +41,18 @@ class SiteSpider(scrapy.Spider):
         "LOG_LEVEL": "INFO",
     }
 
-    def __init__(self, base: str = "", pages: str = "10", fail_at: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, base: str = "", pages: str = "10", fail_at: str = "", urls: str = "", **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.base = base
         self.pages = int(pages)
         self.fail_at = int(fail_at) if fail_at else None
+        self.urls = [u for u in urls.split(",") if u]
 
     async def start(self) -> AsyncIterator[Any]:
-        for page in range(self.pages):
-            yield scrapy.Request(f"{self.base}/page/{page}", callback=self.parse)
+        for url in self.urls or [f"{self.base}/page/{page}" for page in range(self.pages)]:
+            yield scrapy.Request(url, callback=self.parse)
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[dict[str, Any]]:
         page = int(response.url.rsplit("/", 1)[1])

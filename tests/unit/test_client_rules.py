@@ -7,14 +7,16 @@ test_client_renewals.py."""
 
 from __future__ import annotations
 
+import ssl
 from collections import Counter
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from discovery.gateway import bans
-from egress_proxies_client import BanPolicy, verdict
+from egress_proxies_client import BanPolicy, proxy_failed, verdict
 from egress_proxies_client._leasing import FIRST_BACKOFF, MAX_BACKOFF, MIN_PAUSE, renew_pause
 from egress_proxies_client._options import BLOCK_WAIT, DEFAULTS, Options, token_or_env
 from egress_proxies_client._rotation import Rotation
@@ -53,6 +55,48 @@ def test_the_verdict_on_an_answer_through_a_proxy(
     policy: Any, status: int, headers: Any, body: bytes, outcome: str
 ) -> None:
     assert verdict(policy, status, headers, body) == outcome
+
+
+def caused(error: BaseException, *causes: BaseException) -> BaseException:
+    """`error`, raised from the first of `causes`, raised from the next...: a
+    chain as httpx and Scrapy's handlers build them."""
+    at = error
+    for cause in causes:
+        at.__cause__ = cause
+        at = cause
+    return error
+
+
+# The errors httpx raised through a real squid (measured, December 5 2026).
+@pytest.mark.parametrize(
+    ("error", "failed"),
+    [
+        # No connection to the proxy itself.
+        (caused(httpx.ConnectError("refused"), ConnectionRefusedError(111, "refused")), True),
+        (caused(httpx.ConnectTimeout("timed out"), TimeoutError()), True),
+        # The CONNECT refused: its credentials (the proxy's), or the site (its word on it).
+        (httpx.ProxyError("407 Proxy Authentication Required"), True),
+        (httpx.ProxyError("503 Service Unavailable"), False),
+        (httpx.ProxyError("403 Forbidden"), False),
+        # The site's TLS, inside the tunnel: a bad certificate, a handshake cut off.
+        (caused(httpx.ConnectError("bad"), ssl.SSLCertVerificationError("verify failed")), False),
+        (caused(httpx.ConnectError("eof"), anyio.EndOfStream(), ssl.SSLEOFError()), False),
+        (caused(httpx.ConnectError("reset"), anyio.BrokenResourceError()), False),
+        # No answer in time, a connection closed mid-answer.
+        (caused(httpx.ReadTimeout("timed out"), TimeoutError()), False),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), False),
+        (httpx.ReadError("reset"), False),
+        # Scrapy's httpx handler wraps them: the chain still says.
+        (caused(RuntimeError("DownloadConnectionRefusedError"), httpx.ProxyError("502 x")), False),
+        (caused(RuntimeError("wrapped"), httpx.ConnectError("refused")), True),
+        # No httpx error in the chain: the caller decides.
+        (RuntimeError("twisted's own"), None),
+    ],
+)
+def test_what_an_error_through_a_proxy_says_of_the_proxy(
+    error: BaseException, failed: bool | None
+) -> None:
+    assert proxy_failed(error) is failed
 
 
 def test_the_gateway_applies_the_clients_verdict_and_policy() -> None:

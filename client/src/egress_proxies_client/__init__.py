@@ -5,10 +5,11 @@ block of code; `DiscoveryTransport` / `AsyncDiscoveryTransport` for httpx
 clients that rotate per site on bans; and the Scrapy middleware
 `egress_proxies_client.scrapy.DiscoveryProxyMiddleware` (the `[scrapy]`
 extra). `LeasePool` is what the last two share; `verdict()` is what all of
-them (and the service's gateway) make of an answer through a proxy.
+them (and the service's gateway) make of an answer through a proxy, and
+`proxy_failed()` what the adapters make of an error.
 """
 
-from egress_proxies_client._bans import BanDetector, BanPolicy, site_of, verdict
+from egress_proxies_client._bans import BanDetector, BanPolicy, proxy_failed, site_of, verdict
 from egress_proxies_client._errors import DiscoveryError, NoProxyAvailable, PoolClosed
 from egress_proxies_client._lease import AsyncLease, Lease, LeaseOptions, alease, lease
 from egress_proxies_client._pool import Held, LeasePool
@@ -39,6 +40,7 @@ __all__ = [
     "__version__",
     "alease",
     "lease",
+    "proxy_failed",
     "site_of",
     "verdict",
 ]

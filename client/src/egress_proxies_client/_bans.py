@@ -1,17 +1,19 @@
 """What an answer through a proxy says about the proxy (`verdict`: the one
 rule the httpx transports, the Scrapy middleware and the service's gateway
-apply), what counts as a ban, and whom a lease is for: the site (a URL's
-host)."""
+apply), what an error says about it (`proxy_failed`), what counts as a ban,
+and whom a lease is for: the site (a URL's host)."""
 
 from __future__ import annotations
 
 import os
 import re
 import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import anyio
 import httpx
 
 from egress_proxies_client._protocol import Outcome
@@ -84,6 +86,57 @@ def verdict(policy: BanDetector, status: int, headers: Mapping[str, str], body: 
     if SQUID_ERROR in headers:
         return "ok"
     return "blocked" if policy.is_ban(status, headers, body) else "ok"
+
+
+def proxy_failed(error: BaseException) -> bool | None:
+    """What an error raised by a request through a proxy says of the proxy:
+
+    - True: the proxy failed: no connection to it (refused, unreachable,
+      timed out), or it refused its credentials (a CONNECT answered 407).
+      Reported `error`, which counts against its health.
+    - False: the failure is past the proxy: the site's TLS (a bad
+      certificate, a handshake cut off: the site's end of the tunnel), a
+      CONNECT the proxy answered with another status (its word on the site:
+      unreachable, a port its rules refuse), no answer in time, a connection
+      closed mid-answer. Nothing is reported: two `error` reports in a row
+      make a proxy unhealthy, and one site with a dead server or an expired
+      certificate would otherwise take healthy proxies out one after
+      another; a proxy that really hangs fails its health probes.
+    - None: nothing in the error says (no httpx error in its chain): the
+      caller's own rule decides (the Scrapy middleware's list).
+
+    A TLS handshake with the site that times out counts as no connection to
+    the proxy: httpx raises the same ConnectTimeout for both.
+    """
+    chain = _chain(error)
+    if any(
+        isinstance(e, (ssl.SSLError, anyio.EndOfStream, anyio.BrokenResourceError)) for e in chain
+    ):
+        return False
+    for e in chain:
+        if isinstance(e, httpx.ProxyError):
+            return connect_status(str(e)) == PROXY_AUTH_REQUIRED
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return True
+        if isinstance(e, httpx.TransportError):
+            return False
+    return None
+
+
+def connect_status(message: str) -> int | None:
+    """The status of a refused CONNECT, from httpx's ProxyError ("407 Proxy
+    Authentication Required")."""
+    head = message.split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    at: BaseException | None = error
+    while at is not None and at not in chain:
+        chain.append(at)
+        at = at.__cause__ or at.__context__
+    return chain
 
 
 def needs_body(policy: BanDetector) -> bool:

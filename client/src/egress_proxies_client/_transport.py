@@ -14,9 +14,12 @@ leases, each leased for that site. An answer the ban policy calls a ban
 the proxy dropped for it, and the request sent again through another proxy
 (up to `ban_retries` times; then the last banned answer is returned); a 407
 (the proxy refused its credentials) is reported `error` and retried the
-same way (_rotation.py, shared with the Scrapy middleware). A connection
-error through a proxy is reported `error`, the proxy dropped, and the error
-raised. Closing the client (or the transport) releases every lease. `stats`
+same way (_rotation.py, shared with the Scrapy middleware). An error of
+the proxy itself (no connection to it, a CONNECT refused with 407) is
+reported `error`, the proxy dropped, and the error raised; an error past the
+proxy (the site's TLS, a CONNECT the proxy answered with another status,
+no answer in time: `_bans.proxy_failed`) is raised, counted in
+`errors/site`, and the lease kept. Closing the client (or the transport) releases every lease. `stats`
 counts what happened. The options' defaults: _options.py.
 
 The sync transport is the async one run on an event loop in a daemon thread
@@ -42,6 +45,7 @@ from egress_proxies_client._bans import (
     BanPolicy,
     default_holder,
     needs_body,
+    proxy_failed,
     site_of,
 )
 from egress_proxies_client._leasing import SYSTEM_CLOCK, Clock, Sleep
@@ -147,9 +151,12 @@ class AsyncDiscoveryTransport(httpx.AsyncBaseTransport):
             self._count("requests")
             try:
                 response = await route.transport.handle_async_request(request)
-            except httpx.TransportError:
+            except httpx.TransportError as error:
                 finish()
-                await self.pool.failed(held)
+                if proxy_failed(error):
+                    await self.pool.failed(held)
+                else:
+                    self._count("errors/site")  # past the proxy: the lease stays
                 await self._close_stale()
                 raise
             stream = response.stream

@@ -10,8 +10,9 @@ credentials (Scrapy's HttpProxyMiddleware, at 750, turns them into
 Proxy-Authorization). A banned answer (by `DISCOVERY_BAN_POLICY`) makes it
 report `blocked` for the site, drop that proxy for the site and send the
 request again through another one, and so does a 407, reported `error`
-(_rotation.py: the httpx transports' rule); a connection error is reported
-as `error`. Leases are renewed while in use and all released when the
+(_rotation.py: the httpx transports' rule); an error of the proxy itself
+(no connection to it, a CONNECT refused with 407) is reported as `error`,
+and one past it (a timeout, the site's TLS) as nothing. Leases are renewed while in use and all released when the
 spider closes. docs/crawlers.md has every setting; their defaults are
 _options.py's.
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy import signals
+from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Request, Response
 from scrapy.utils.asyncio import is_asyncio_available
@@ -35,9 +38,11 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from egress_proxies_client._bans import (
     DEFAULT_BAN_STATUSES,
+    PROXY_AUTH_REQUIRED,
     BanDetector,
     BanPolicy,
     default_holder,
+    proxy_failed,
     site_of,
 )
 from egress_proxies_client._errors import DiscoveryError, PoolClosed
@@ -59,18 +64,20 @@ META_LEASE = "discovery_lease"  # the lease id the request went through (None wh
 META_PROXY = "discovery_proxy"  # the proxy's name, for your callbacks
 META_BAN_RETRIES = "discovery_ban_retries"  # retries on another proxy after bans so far
 
-# Exceptions of a download through a proxy that mean the proxy failed (reported `error`).
+# Exceptions of a download through a proxy that mean the proxy failed (reported
+# `error`): no connection to it, or a CONNECT it refused with 407 (a
+# TunnelError counts only then: another status is its word on the site). Not
+# the timeouts and connections lost mid-answer: a dead or slow site causes
+# them as well, and reports of them would take healthy proxies out
+# (_bans.proxy_failed, which also decides first when the download handler
+# is Scrapy's httpx one).
 DEFAULT_ERROR_EXCEPTIONS = (
     "scrapy.exceptions.DownloadConnectionRefusedError",
-    "scrapy.exceptions.DownloadTimeoutError",
-    "scrapy.exceptions.DownloadFailedError",
-    "scrapy.exceptions.ResponseDataLossError",
     "scrapy.exceptions.CannotResolveHostError",
     "twisted.internet.error.ConnectError",
-    "twisted.internet.error.ConnectionLost",
-    "twisted.internet.error.ConnectionDone",
     "scrapy.core.downloader.handlers.http11.TunnelError",
 )
+_TUNNEL_STATUS = re.compile(r"'status': (\d+)")
 # Answers of the service that no waiting will change: the crawl stops (429:
 # the service brakes an address after wrong tokens).
 _FATAL_STATUSES = frozenset({400, 401, 429})
@@ -236,9 +243,20 @@ class DiscoveryProxyMiddleware:
         if held is None:
             return None
         self.pool.done(held)
-        if isinstance(exception, self.error_exceptions):
+        if self._proxy_failed(exception):
             await self.pool.failed(held)
         return None  # Scrapy's RetryMiddleware decides whether to try again
+
+    def _proxy_failed(self, exception: Exception) -> bool:
+        said = proxy_failed(exception)  # an httpx error in the chain says
+        if said is not None:
+            return said
+        if not isinstance(exception, self.error_exceptions):
+            return False
+        if isinstance(exception, TunnelError):
+            status = _TUNNEL_STATUS.search(str(exception))
+            return status is None or int(status.group(1)) == PROXY_AUTH_REQUIRED
+        return True
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         held = len(self.pool.leases())
