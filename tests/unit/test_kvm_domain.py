@@ -10,6 +10,7 @@ from typing import Any
 import libvirt
 import pytest
 
+from providers.kvm.capacity import GIB, MIB, free_memory
 from providers.kvm.domain import DomainArgs, ProxyDomainProvider, mac_for
 from providers.kvm.domainxml import NS_URI
 from providers.kvm.errors import CapacityError, KvmError
@@ -190,6 +191,43 @@ def test_a_host_without_the_memory_refuses_before_defining(test_host: TestHost) 
     ):
         create(test_host)
     assert test_host.domains() == set()
+
+
+class NodeStats:
+    """A connection's node memory: stats (KiB) as virNodeGetMemoryStats gives
+    them, or the error it raises."""
+
+    def __init__(self, stats: dict[str, int] | None, error: int = 0) -> None:
+        self.stats, self.error = stats, error
+
+    def getMemoryStats(self, cell: int) -> dict[str, int]:
+        assert cell == libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS
+        if self.stats is None:
+            error = libvirt.libvirtError("virNodeGetMemoryStats failed")
+            error.err = (self.error, 0, "", 0, "", None, None, 0, 0)
+            raise error
+        return self.stats
+
+    def getFreeMemory(self) -> int:
+        return 100 * MIB
+
+
+def test_a_guest_may_have_the_hosts_free_memory_and_its_page_cache() -> None:
+    # What a host that ran a while looks like: little free, much cached.
+    host = NodeStats(
+        {
+            "total": 8 * GIB // 1024,
+            "free": 300 * 1024,
+            "buffers": 20 * 1024,
+            "cached": 3 * GIB // 1024,
+        }
+    )
+    assert free_memory(host) == 300 * MIB + 20 * MIB + 3 * GIB
+    # libvirt's test driver has no node stats: its free memory.
+    assert free_memory(NodeStats(None, libvirt.VIR_ERR_NO_SUPPORT)) == 100 * MIB
+    # Any other failure is no answer: raised, not guessed.
+    with pytest.raises(libvirt.libvirtError):
+        free_memory(NodeStats(None, libvirt.VIR_ERR_INTERNAL_ERROR))
 
 
 def test_inputs_round_trip_through_the_engine_as_floats(test_host: TestHost) -> None:
