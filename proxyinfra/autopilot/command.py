@@ -31,7 +31,7 @@ from proxyinfra.autopilot.feed import HttpSignals, SignalsError
 from proxyinfra.autopilot.log import DecisionLog
 from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
 from proxyinfra.autopilot.room import BackendRoom
-from proxyinfra.autopilot.run import Autopilot, Options
+from proxyinfra.autopilot.run import FAILED, Autopilot, Options
 from proxyinfra.autopilot.seam import SystemClock
 from proxyinfra.autopilot.status import Status, serve
 from proxyinfra.stackfile import project_name
@@ -138,7 +138,9 @@ def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: 
                 log.write("round", result="error", error=str(error))
                 print(f"autopilot: {error}", file=sys.stderr)
                 return 1
-            return 1 if set(pilot.results) & {"failed", "lock-timeout", "stale-lock"} else 0
+            for line in pilot.failed:  # the decision log may be a file no one watches
+                print(f"autopilot: {line}", file=sys.stderr)
+            return 1 if set(pilot.results) & FAILED else 0
         signal.signal(signal.SIGTERM, lambda *_: pilot.stop())
         pilot.run(args.interval)
         return 0

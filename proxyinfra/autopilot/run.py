@@ -51,6 +51,8 @@ from proxyinfra.validation import validate
 
 DEFAULT_WINDOW = timedelta(minutes=10)  # the policy's, when it has no recycle block
 HOUR = timedelta(hours=1)
+# A change's results that fail `--once` (exit 1).
+FAILED = frozenset({"failed", "lock-timeout", "stale-lock"})
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class Autopilot:
         self.options = options
         self.room = room
         self.results: list[str] = []  # each change's result in the last round
+        # The last round's changes that failed, one line each, for the operator's
+        # terminal (the decision log may go to a file).
+        self.failed: list[str] = []
         self._current: tuple[Deployed, StackConfig] | None = None
         self.stopping = False
 
@@ -120,7 +125,7 @@ class Autopilot:
     def round(self) -> str:
         """One round; returns how it ended (planned, paused, dry-run). A bad
         config raises ConfigError before anything changes."""
-        self.results = []
+        self.results, self.failed = [], []
         paused = self.files.paused()
         self.status.paused.set(1 if paused else 0)
         self.status.set(paused=paused)
@@ -232,6 +237,8 @@ class Autopilot:
         if outcome.result == "failed":
             self.status.failures.inc()
             failures.setdefault(key, []).append(self.clock.now())
+        if outcome.result in FAILED:
+            self.failed.append(f"{change.message}: {outcome.result}: {outcome.error}")
         return self._logged(
             fields,
             outcome.result,

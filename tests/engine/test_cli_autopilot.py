@@ -371,6 +371,8 @@ def test_a_failed_update_names_its_cause_and_undoes_its_edit(world: World) -> No
         f"home-{before}-overlay: HostResourceMissing: host 'nas1' "
     ), change["error"]
     assert "is not a volume libvirt knows" in change["error"]
+    # And on stderr, for an operator whose decision log goes to a file.
+    assert f"autopilot: {change['message']}: failed: home-{before}-overlay: Host" in done.stderr
     assert world.replicas()["home"] == before  # the edit undone
     assert len(world.history()) == len(history) + 1  # the failed update, in the history
     passwords = [p["auth"]["password"] for p in world.publish()["proxies"] if "auth" in p]

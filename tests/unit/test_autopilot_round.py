@@ -162,10 +162,13 @@ def test_a_lock_held_past_the_timeout_leaves_the_config_as_it_was(tmp_path: Path
     world.clock.advance(timedelta(hours=1))
     world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3})
     world.stack.locked_polls = 10_000
-    world.pilot(lock_timeout=120).round()
+    pilot = world.pilot(lock_timeout=120)
+    pilot.round()
     assert world.stack.edits == [] and world.stack.updates == []
     [line] = world.lines("change")
     assert line["result"] == "lock-timeout"
+    # One line for the operator's terminal: the change and why it did not happen.
+    assert pilot.failed == [f"{line['message']}: lock-timeout: {line['error']}"]
     assert sum(world.clock.slept) >= 120
 
 
@@ -174,17 +177,19 @@ def test_a_failed_update_is_undone_backed_off_and_capped_per_hour(tmp_path: Path
     world.clock.advance(timedelta(hours=1))
     world.stack.failing = 100
     pilot = world.pilot(retry_cap=3, backoff=timedelta(minutes=1))
-    results = []
+    results, failed = [], []
     for _ in range(12):
         world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3})
         pilot.round()
         results.append(world.lines("change")[-1]["result"])
+        failed.append(len(pilot.failed))
         world.clock.advance(timedelta(seconds=50))
     assert "generations" not in world.stack.config or world.stack.config["generations"] == {}
     # Failed at 0 s; backoff 1 min, then 2 min; after 3 failures held for the hour.
     assert results[:7] == ["failed", "backoff", "failed", "backoff", "backoff", "failed", "capped"]
     assert set(results[7:]) == {"capped"}
     assert len([r for r in results if r == "failed"]) == 3
+    assert failed == [1 if r == "failed" else 0 for r in results]  # backoff, capped: none
     assert b"egress_autopilot_update_failures_total 3.0" in world.status.metrics()
     assert world.status.document()["capped"] == ["recycle home-0"]
     # A new process reads the same failures: still capped.
