@@ -20,19 +20,23 @@ import ssl
 import struct
 import threading
 from types import TracebackType
+from typing import Self
 
 
-class SilentSite:
+class _Listening:
+    """A loopback listener whose connections `_handle` takes, on a thread."""
+
+    scheme = "http"
+
     def __init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._server.getsockname()[1]
         self._held: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{self.scheme}://127.0.0.1:{self.port}/"
 
     def _accept(self) -> None:
         while True:
@@ -40,9 +44,12 @@ class SilentSite:
                 conn, _ = self._server.accept()
             except OSError:  # closed
                 return
-            self._held.append(conn)  # kept open, never answered
+            self._handle(conn)
 
-    def __enter__(self) -> SilentSite:
+    def _handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -50,6 +57,32 @@ class SilentSite:
     ) -> None:
         self._server.close()
         for conn in self._held:
+            conn.close()
+
+
+class SilentSite(_Listening):
+    def _handle(self, conn: socket.socket) -> None:
+        self._held.append(conn)  # kept open, never answered
+
+
+class TlsSite(_Listening):
+    scheme = "https"
+
+    def __init__(self, context: ssl.SSLContext | None) -> None:
+        self._context = context
+        super().__init__()
+
+    def _handle(self, conn: socket.socket) -> None:
+        if self._context is None:
+            # SO_LINGER 0: close sends a reset, not a FIN.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            return
+        conn.settimeout(5)
+        try:
+            with self._context.wrap_socket(conn, server_side=True):
+                pass
+        except OSError:  # the client refused the certificate, as it should
             conn.close()
 
 
@@ -80,45 +113,6 @@ class UnreachableSite:
     ) -> None:
         for filler in self._fillers:
             filler.close()
-        self._server.close()
-
-
-class TlsSite:
-    def __init__(self, context: ssl.SSLContext | None) -> None:
-        self._context = context
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}/"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:  # closed
-                return
-            if self._context is None:
-                # SO_LINGER 0: close sends a reset, not a FIN.
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.close()
-                continue
-            conn.settimeout(5)
-            try:
-                with self._context.wrap_socket(conn, server_side=True):
-                    pass
-            except OSError:  # the client refused the certificate, as it should
-                conn.close()
-
-    def __enter__(self) -> TlsSite:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
         self._server.close()
 
 
