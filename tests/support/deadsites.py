@@ -9,12 +9,13 @@ not count against the proxy in between.
   CONNECT to it waits for a TCP connection that never comes.
 - TlsSite(context) speaks TLS with `context` (a certificate no client
   trusts) and closes after the handshake; TlsSite(None) resets every
-  connection at once, the client's TLS handshake cut off.
+  connection at the client's first bytes, its TLS handshake cut off.
 - closed_port(): a port nothing listens on (squid's CONNECT is refused).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import struct
@@ -73,12 +74,16 @@ class TlsSite(_Listening):
         super().__init__()
 
     def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
         if self._context is None:
-            # SO_LINGER 0: close sends a reset, not a FIN.
+            # After the client's first bytes (its ClientHello: squid has opened
+            # the tunnel by then; a reset before it races squid's own connect
+            # and turns into squid's 503). SO_LINGER 0: close sends a reset.
+            with contextlib.suppress(OSError):
+                conn.recv(1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
             return
-        conn.settimeout(5)
         try:
             with self._context.wrap_socket(conn, server_side=True):
                 pass
