@@ -11,6 +11,7 @@ from typing import Any
 import libvirt
 
 from providers.kvm.access import HostAccess
+from providers.kvm.capacity import GIB, MIB, free_memory
 from providers.kvm.connection import HostConnection
 from providers.kvm.errors import (
     AuthenticationRefused,
@@ -21,8 +22,6 @@ from providers.kvm.errors import (
     LibvirtSocketError,
     LibvirtUnavailable,
 )
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ def check_host(access: HostAccess, domain_type: str, connection: HostConnection)
     rows.append(CheckRow(h, "libvirt socket usable", True, access.socket))
     checks: list[Callable[[], CheckRow]] = [
         lambda: _pool(h, access, conn),
+        lambda: _memory(h, conn),
         lambda: _nic(h, access, conn, connection),
         lambda: _domain_type(h, domain_type, conn),
         lambda: _kvm_device(h, conn, connection),
@@ -115,6 +115,23 @@ def _pool(h: str, access: HostAccess, conn: Any) -> CheckRow:
         "storage pool",
         True,
         f"{access.pool}: {available / GIB:.1f} GiB free of {capacity / GIB:.1f} GiB",
+    )
+
+
+def _memory(h: str, conn: Any) -> CheckRow:
+    """What a domain create checks its memory against (capacity.free_memory)."""
+    try:
+        free = free_memory(conn)
+        total = int(conn.getInfo()[1]) * MIB
+    except libvirt.libvirtError as error:
+        return CheckRow(
+            h, "memory", False, f"cannot read the host's memory ({error.get_error_message()})"
+        )
+    return CheckRow(
+        h,
+        "memory",
+        True,
+        f"{free / GIB:.1f} GiB for guests (free and page cache) of {total / GIB:.1f} GiB",
     )
 
 

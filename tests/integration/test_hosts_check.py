@@ -57,6 +57,7 @@ def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(
             "ssh key accepted",
             "libvirt socket usable",
             "storage pool",
+            "memory",
             "network",
             "domain type",
             "kvm device",
@@ -66,6 +67,11 @@ def test_passes_on_the_testbed_and_names_the_failed_check_without_its_pool(
             line.split()[0] == "testbed" for line in done.stdout.splitlines() if line.strip()
         )
         assert " FAIL " not in done.stdout
+        # The figure a domain create checks against: free memory and page cache.
+        [memory] = [r for r in rows if r[1] == "memory"]
+        assert re.fullmatch(
+            r"\d+\.\d GiB for guests \(free and page cache\) of \d+\.\d GiB", memory[3]
+        ), memory
     finally:
         pool.destroy()
         pool.undefine()
