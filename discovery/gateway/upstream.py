@@ -24,7 +24,6 @@ import httptools
 from discovery.gateway.wire import Headers, connect_request, parse_status_line
 
 CONNECT_TIMEOUT_S = 5.0  # to open the TCP connection to a squid
-ANSWER_TIMEOUT_S = 30.0  # for a squid's answer head (it connects to the site first)
 MAX_ANSWER_HEAD = 64 * 1024
 
 
@@ -59,7 +58,9 @@ class Answer:
 class Upstream(asyncio.Protocol):
     """One TCP connection to a squid."""
 
-    def __init__(self, answer_timeout: float = ANSWER_TIMEOUT_S) -> None:
+    def __init__(self, answer_timeout: float) -> None:
+        # For a squid's answer head (it reaches the site first): the gateway's
+        # --gateway-answer-timeout (GatewaySettings.answer_timeout).
         self.answer_timeout = answer_timeout
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -113,9 +114,7 @@ class Upstream(asyncio.Protocol):
     # -- opening and the CONNECT handshake -------------------------------------------------
 
     @classmethod
-    async def open(
-        cls, host: str, port: int, *, answer_timeout: float = ANSWER_TIMEOUT_S
-    ) -> Upstream:
+    async def open(cls, host: str, port: int, *, answer_timeout: float) -> Upstream:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
@@ -282,7 +281,6 @@ def _status(head: bytes) -> tuple[int, bytes]:
 
 
 __all__ = [
-    "ANSWER_TIMEOUT_S",
     "CONNECT_TIMEOUT_S",
     "Answer",
     "NoAnswer",

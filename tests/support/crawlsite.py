@@ -175,3 +175,19 @@ def crawl_service(
 
 def client(service: ServiceProcess) -> httpx.Client:
     return api_client(service.url, TOKEN)
+
+
+def reported_errors(service: ServiceProcess) -> float:
+    """Crawlers' `error` reports the health engine counted against proxies."""
+    for line in httpx.get(service.url + "/metrics").text.splitlines():
+        if line.startswith("egress_health_reported_errors_total "):
+            return float(line.split()[1])
+    raise AssertionError("no egress_health_reported_errors_total in /metrics")
+
+
+def assert_no_proxy_blamed(service: ServiceProcess) -> None:
+    """No `error` report reached the health engine, and every proxy is healthy."""
+    assert reported_errors(service) == 0.0
+    with client(service) as http:
+        listed = proxies(http)
+    assert all(p["health"] == "healthy" for p in listed.values()), listed
