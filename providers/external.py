@@ -46,6 +46,7 @@ class ExternalBackend:
     entry_model: builtins.type[ProviderEntry] = ExternalProviderEntry
     provisions = False
     takes_user_data = False
+    rolls = False
     adopts_leftovers = False  # nothing of its own is created
     plugin: Plugin | None = None
     pattern_words: Mapping[str, str] = {}

@@ -45,6 +45,9 @@ class ProxyRequest:
     replica: Replica
     squid: Squid
     credentials: Credentials | None
+    # For a backend that ``rolls``: an input of no value ("") to give the
+    # resources whose replacement takes the proxy down (proxyinfra/rollout.py).
+    after: pulumi.Input[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,13 @@ class Backend(Protocol):
 
     takes_user_data: bool
     """Whether its proxies boot with cloud-init, so ``userData`` means something."""
+
+    rolls: bool
+    """Whether replacing its proxies takes them down (fixed names: deleted
+    before they are made again), so that a group's replicas are replaced
+    ``maxUnavailable`` at a time: its deployer gives ``ProxyRequest.after``
+    to the resources whose replacement deletes the proxy
+    (proxyinfra/rollout.py)."""
 
     adopts_leftovers: bool
     """Whether each create of its resources takes over what a killed run left

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -43,6 +44,15 @@ class Model(BaseModel):
 
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+def _percent(value: str) -> str:
+    if re.fullmatch(r"(100|[1-9][0-9]?)%", value) is None:
+        raise ValueError("not a count (1-1000) or a percentage of the replicas (1%-100%)")
+    return value
+
+
+Percent = Annotated[str, AfterValidator(_percent)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -76,6 +86,8 @@ class ProxyEntry(Model):
     )
     user_data: str | None = None
     url: str | None = None
+    # How many replicas a change may take down at once (proxyinfra/rollout.py).
+    max_unavailable: Annotated[int, Field(ge=1, le=1000)] | Percent | None = None
 
     @property
     def replica_count(self) -> int:

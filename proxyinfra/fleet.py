@@ -14,6 +14,7 @@ from proxyinfra.manifest import Manifest
 from proxyinfra.names import proxy_id
 from proxyinfra.partial import Ticket, merged_proxies
 from proxyinfra.registry import backends
+from proxyinfra.rollout import gate, predecessors
 from proxyinfra.stacktrace import short_stack_trace
 
 PROXY_TYPE = "egress-proxies:fleet:Proxy"
@@ -24,6 +25,7 @@ class Proxy(pulumi.ComponentResource):
     backend's resources. ``entry`` is its manifest entry (an Output)."""
 
     entry: pulumi.Output[dict[str, Any]]
+    address: pulumi.Output[str]  # where crawlers reach it, once it has one
 
     def __init__(
         self,
@@ -31,6 +33,7 @@ class Proxy(pulumi.ComponentResource):
         deployer: Deployer,
         config: StackConfig,
         opts: pulumi.ResourceOptions | None = None,
+        after: pulumi.Input[str] | None = None,
     ) -> None:
         with short_stack_trace():
             super().__init__(PROXY_TYPE, replica.name, None, opts)
@@ -56,8 +59,10 @@ class Proxy(pulumi.ComponentResource):
             replica=replica,
             squid=config.squid,
             credentials=credentials,
+            after=after,
         )
         endpoint = deployer.deploy(request, self)
+        self.address = pulumi.Output.from_input(endpoint.host)
         self.entry = pulumi.Output.from_input(_manifest_entry(request, endpoint))
         # The entry is kept once in the state, in the stack's `fleet` output:
         # not again in the component's (the proxy's password with it, when
@@ -92,10 +97,20 @@ def build_fleet(
 
     Every replica, or in a partial run (proxyinfra/partial.py) only the
     ticket's, the others' entries taken from PREVIOUS (the stack's last
-    ``fleet``), so the manifest is the same either way."""
+    ``fleet``), so the manifest is the same either way. In a whole run each
+    replica waits for its predecessor (proxyinfra/rollout.py); a partial run
+    registers only replicas that come, which take nothing down."""
     replicas = config.replicas()
     chosen = [r for r in replicas if partial is None or r.name in partial.replicas]
-    proxies = [Proxy(r, deployers[r.provider.type], config) for r in chosen]
+    waits = predecessors(replicas) if partial is None else {}
+    made: dict[str, Proxy] = {}
+    for replica in chosen:
+        after = None
+        if partial is None and backends()[replica.provider.type].rolls:
+            before = made.get(waits.get(replica.name, ""))
+            after = gate(before.address if before is not None else None)
+        made[replica.name] = Proxy(replica, deployers[replica.provider.type], config, after=after)
+    proxies = list(made.values())
     header = {"version": 1, "project": pulumi.get_project(), "stack": pulumi.get_stack()}
     order = [r.name for r in replicas]
 

@@ -306,6 +306,12 @@ def _check_proxies(
         backend = registered[provider.type]
         if backend.provisions:
             _check_provisioned(proxy, provider, backend, path, c)
+        if proxy.max_unavailable is not None and not backend.rolls:
+            c.add(
+                f"{path}.maxUnavailable",
+                f"not used by {provider.type} proxies: only a backend whose replacements "
+                "delete first (kvm) replaces a group's proxies in turn",
+            )
         backend.check_proxy(proxy, provider, {}, path, c)
         names = replica_names(proxy, backend.provisions)
         replica_lists[proxy.name] = names

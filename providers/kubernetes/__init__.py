@@ -27,6 +27,7 @@ class KubernetesBackend:
     entry_model: builtins.type[ProviderEntry] = KubernetesProviderEntry
     provisions = True
     takes_user_data = False  # squid's config comes from a ConfigMap, not cloud-init
+    rolls = False  # a squid change rolls each proxy's pod, replacing nothing
     adopts_leftovers = False  # not tested to take over what a killed run left
     plugin: Plugin | None = sdk_plugin("pulumi_kubernetes")
     pattern_words: Mapping[str, str] = {

@@ -22,6 +22,7 @@ class KvmBackend:
     entry_model: builtins.type[ProviderEntry] = KvmProviderEntry
     provisions = True
     takes_user_data = True
+    rolls = True
     adopts_leftovers = True  # fixed volume and domain names (docs/kvm-provider.md)
     plugin: Plugin | None = None  # dynamic resources only: run by the engine's Python provider
     pattern_words: Mapping[str, str] = {

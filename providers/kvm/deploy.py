@@ -1,6 +1,7 @@
 """The kvm backend of the fleet: per host one BaseImage per image in use; per
 proxy an Overlay, a SeedIso and a ProxyDomain, whose address goes into the
-manifest."""
+manifest. The overlay and the seed take the request's ``after``: their
+replacement is what deletes the domain (proxyinfra/rollout.py)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ class KvmDeployer:
                 size_gb=provider.kvm.disk_size_gb,
             ),
             child,
+            after=request.after,
         )
         user_data = self._user_data(request, apt_cloud_config(provider.kvm.apt))
         # A new instance-id with new user-data, so cloud-init runs it again.
@@ -94,6 +96,7 @@ class KvmDeployer:
                 vendor_data=provider.kvm.vendor_data,
             ),
             child,
+            after=request.after,
         )
         domain = ProxyDomain(
             f"{replica.name}-domain",

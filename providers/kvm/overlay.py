@@ -35,7 +35,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.capacity import size_bytes
 from providers.kvm.errors import HostError, HostResourceMissing
-from providers.kvm.resource import VolumeProvider
+from providers.kvm.resource import AFTER, VolumeProvider
 from providers.kvm.volumes import (
     GIB,
     VolumeInfo,
@@ -182,7 +182,7 @@ class OverlayProvider(VolumeProvider):
     @staticmethod
     def _outputs(props: dict[str, Any], info: VolumeInfo) -> dict[str, Any]:
         return {
-            **props,
+            **{key: value for key, value in props.items() if key != AFTER},
             "path": info.path,
             "capacity": info.capacity,
             # As found on the host: a rebase done out of band shows up as a diff.
@@ -274,7 +274,8 @@ def _whole_gb(value: Any) -> bool:
 
 class Overlay(pulumi.dynamic.Resource):
     """A proxy's disk: inputs ``host``, ``name``, ``basePath``, ``baseFormat``,
-    ``sizeGb``; outputs those plus ``path`` and ``capacity`` (bytes)."""
+    ``sizeGb`` (and ``after``, providers.kvm.resource.AFTER); outputs those
+    but ``after``, plus ``path`` and ``capacity`` (bytes)."""
 
     path: pulumi.Output[str]
     capacity: pulumi.Output[float]
@@ -284,8 +285,11 @@ class Overlay(pulumi.dynamic.Resource):
         resource_name: str,
         args: OverlayArgs[pulumi.Input[str]],
         opts: pulumi.ResourceOptions | None = None,
+        after: pulumi.Input[str] | None = None,
     ) -> None:
         props = {**args.to_props(), "path": None, "capacity": None}
+        if after is not None:
+            props[AFTER] = after
         fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
         with short_stack_trace():
             super().__init__(

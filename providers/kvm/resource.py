@@ -22,6 +22,11 @@ from providers.kvm.connection import LibvirtSource, source, use_connector
 from proxyinfra import logs
 
 log = logging.getLogger("kvm")
+
+AFTER = "after"
+"""An input of no value (``""``) that only makes the program wait before it
+registers the resource (proxyinfra/rollout.py): no provider reads it, so no
+diff sees it, and no output keeps it."""
 _started = False
 _start_lock = threading.Lock()
 _process = contextlib.ExitStack()  # what start() put in place, for the process's life

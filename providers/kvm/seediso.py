@@ -37,7 +37,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.iso import build_nocloud_iso
-from providers.kvm.resource import VolumeProvider
+from providers.kvm.resource import AFTER, VolumeProvider
 from providers.kvm.seeddocs import (
     DIGEST,
     DIGESTS,
@@ -184,7 +184,8 @@ class SeedIsoProvider(VolumeProvider):
 class SeedIso(pulumi.dynamic.Resource):
     """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
     ``vendorData``, ``networkConfig``, sent packed as one secret input
-    ``documents`` (providers/kvm/seeddocs.py); outputs ``host``, ``name``,
+    ``documents`` (providers/kvm/seeddocs.py), and ``after``
+    (providers.kvm.resource.AFTER); outputs ``host``, ``name``,
     ``path``, ``size`` (bytes), ``sha256`` of the ISO and ``digest`` of the
     documents (both secret)."""
 
@@ -197,6 +198,7 @@ class SeedIso(pulumi.dynamic.Resource):
         resource_name: str,
         args: SeedArgs[pulumi.Input[str]],
         opts: pulumi.ResourceOptions | None = None,
+        after: pulumi.Input[str] | None = None,
     ) -> None:
         given = (args.user_data, args.meta_data, args.vendor_data, args.network_config)
         documents: pulumi.Output[str] = pulumi.Output.all(*given).apply(
@@ -210,6 +212,8 @@ class SeedIso(pulumi.dynamic.Resource):
             "size": None,
             "sha256": None,
         }
+        if after is not None:
+            props[AFTER] = after
         options = pulumi.ResourceOptions(
             additional_secret_outputs=SECRET_OUTPUTS, delete_before_replace=True
         )

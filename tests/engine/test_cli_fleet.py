@@ -31,6 +31,7 @@ from tests.support.http import FileServer
 from tests.support.images import tiny_image
 from tests.support.pulumi_cli import CliStack
 from tests.support.stack_config import (
+    ALL_AT_ONCE,
     image,
     machine_type,
     placement,
@@ -57,7 +58,9 @@ def fleet_config(testbed: Testbed, image_url: str, solo_image: str = "tiny") -> 
     )
     name = provider["name"]
     proxies = [
-        proxy("home", name, replicas=2, where=placement("small", "tiny")),
+        proxy(
+            "home", name, replicas=2, where=placement("small", "tiny"), max_unavailable=ALL_AT_ONCE
+        ),
         proxy("solo", name, replicas=1, where=placement("small", solo_image)),
     ]
     return stack_config([provider], proxies, squid(str(testbed.subnet), username="crawler"))

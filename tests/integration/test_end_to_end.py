@@ -73,7 +73,7 @@ from tests.support.recycle import (
     watch,
 )
 from tests.support.squid import connect_status
-from tests.support.stack_config import placement, proxy, squid, stack_config
+from tests.support.stack_config import ALL_AT_ONCE, placement, proxy, squid, stack_config
 from tests.support.testbed import Testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -95,7 +95,13 @@ STACK_REFRESH_S = 10
 
 def fleet_config(testbed: Testbed, image_url: str, sha256: str) -> dict[str, Any]:
     provider = proxy_vm_provider(testbed, image_url, sha256)
-    edge = proxy("edge", provider["name"], replicas=len(NAMES), where=placement("small", "proxy"))
+    edge = proxy(
+        "edge",
+        provider["name"],
+        replicas=len(NAMES),
+        where=placement("small", "proxy"),
+        max_unavailable=ALL_AT_ONCE,
+    )
     config = stack_config(
         [provider],
         [edge],

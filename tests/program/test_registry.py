@@ -48,6 +48,7 @@ class FakeBackend:
     entry_model: builtins.type[ProviderEntry] = FakeEntry
     provisions = True
     takes_user_data = False
+    rolls = False
     adopts_leftovers = False
     plugin = None
     pattern_words = {}

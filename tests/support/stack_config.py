@@ -179,11 +179,17 @@ def proxy(
     labels: dict[str, str] | None = None,
     user_data: str | None = None,
     url: str | None = None,
+    max_unavailable: int | str | None = None,
 ) -> dict[str, Any]:
     """A `proxies[]` entry: provisioned at WHERE (a `placement`), or, with
     URL, one that exists already."""
     return {"name": name, "provider": provider} | given(
-        replicas=replicas, placement=where, labels=labels, userData=user_data, url=url
+        replicas=replicas,
+        placement=where,
+        labels=labels,
+        userData=user_data,
+        url=url,
+        maxUnavailable=max_unavailable,
     )
 
 
@@ -221,3 +227,10 @@ def stack_config(
 def stack_file(config: Mapping[str, Any]) -> dict[str, Any]:
     """CONFIG as a Pulumi.<stack>.yaml document: each key in the namespace."""
     return {"config": {f"{NAMESPACE}:{key}": value for key, value in config.items()}}
+
+
+ALL_AT_ONCE = "100%"
+"""`maxUnavailable` for a test fleet of several TCG guests that boot side by
+side, as before replicas waited for one another (proxyinfra/rollout.py;
+the waits are tested by tests/engine/test_cli_rollout.py): one boot instead
+of one per replica."""

@@ -16,6 +16,7 @@ from typing import Any
 import libvirt
 
 from tests.support.stack_config import (
+    ALL_AT_ONCE,
     image,
     machine_type,
     placement,
@@ -44,7 +45,15 @@ def tiny_fleet(
     where = placement("small", "tiny")
     return stack_config(
         [provider],
-        [proxy(name, provider["name"], replicas=replicas, where=where)],
+        [
+            proxy(
+                name,
+                provider["name"],
+                replicas=replicas,
+                where=where,
+                max_unavailable=ALL_AT_ONCE if replicas > 1 else None,
+            )
+        ],
         squid(str(testbed.subnet)),
     )
 

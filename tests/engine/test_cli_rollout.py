@@ -1,0 +1,156 @@
+"""A change that replaces a group's kvm proxies, through the real CLI on a
+simulated host: at most ``maxUnavailable`` of them are down at once, each
+one replaced after the one before it has its address again
+(proxyinfra/rollout.py), a first `up` too; an existing stack sees no
+change from the waits.
+
+Read from the engine's own event log (`--event-log`): a proxy is down from
+the start of its domain's delete to the end of its replacement's create."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.baseimages import random_qcow2, serve
+from tests.support.http import FileServer
+from tests.support.pulumi_cli import CliStack
+from tests.support.simulated_fleet import simulated_env
+from tests.support.stack_config import (
+    host,
+    image,
+    key_files,
+    kvm_provider,
+    placement,
+    proxy,
+    squid,
+    stack_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
+
+REPLICAS = 4
+
+
+def config(where: Path, image_url: str, connect_ports: list[str], **extra: Any) -> dict[str, Any]:
+    provider = kvm_provider(
+        *key_files(where),
+        hosts=[host("nas0", "192.0.2.1:22")],
+        images={"d": image(image_url)},
+        ip_timeout=30,
+    )
+    group = proxy("home", "home", replicas=REPLICAS, where=placement(zone="nas0")) | extra
+    return stack_config([provider], [group], squid(connect_ports=connect_ports))
+
+
+@dataclass
+class Step:
+    seq: int
+    phase: str  # "start" or "end"
+    op: str
+    name: str  # the resource's name, home-0-domain
+
+
+def steps(log: Path) -> list[Step]:
+    """The engine's step events for the kvm resources, in sequence order."""
+    found = []
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        for key, phase in (("resourcePreEvent", "start"), ("resOutputsEvent", "end")):
+            if key in event:
+                meta = event[key]["metadata"]
+                name = meta["urn"].rsplit("::", 1)[-1]
+                found.append(Step(event["sequence"], phase, meta["op"], name))
+    return sorted(found, key=lambda s: s.seq)
+
+
+def most_down(log: Path) -> tuple[int, list[str]]:
+    """The most domains down at once, and the order in which they came back."""
+    down: set[str] = set()
+    most, back = 0, []
+    for step in steps(log):
+        if not step.name.endswith("-domain"):
+            continue
+        if step.op == "delete-replaced" and step.phase == "start":
+            down.add(step.name)
+            most = max(most, len(down))
+        elif step.op == "create-replacement" and step.phase == "end":
+            down.discard(step.name)
+            back.append(step.name)
+    return most, back
+
+
+@dataclass
+class Rollout:
+    stack: CliStack
+    where: Path
+    image_url: str
+
+    def up(self, name: str, connect_ports: list[str], **extra: Any) -> Path:
+        self.stack.write_config(config(self.where, self.image_url, connect_ports, **extra))
+        log = self.where / f"{name}.events.jsonl"
+        self.stack.ok("up", "--yes", "--skip-preview", "--event-log", str(log))
+        return log
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout]:
+    where = tmp_path_factory.mktemp("rollout")
+    with FileServer() as server:
+        url = serve(server, random_qcow2(where, data_mib=1, virtual_mib=16)).url
+        # The CLI takes --event-log only with its debug commands on (as the
+        # Automation API runs it).
+        env = simulated_env(where / "hosts") | {"PULUMI_DEBUG_COMMANDS": "true"}
+        stack = CliStack(where / "stack", "roll", config(where, url, ["443"]), env)
+        yield Rollout(stack, where, url)
+
+
+def test_a_first_up_creates_the_group_in_turn_too(rollout: Rollout) -> None:
+    log = rollout.up("first", ["443"])
+    order = steps(log)
+
+    def seq(name: str, phase: str) -> int:
+        return next(s.seq for s in order if s.name == name and s.phase == phase)
+
+    # The program cannot tell a new replica from one being replaced.
+    for i in range(1, REPLICAS):
+        assert seq(f"home-{i}-overlay", "start") > seq(f"home-{i - 1}-domain", "end")
+    assert len(rollout.stack.output("fleet")["proxies"]) == REPLICAS
+
+
+def test_a_squid_change_replaces_one_replica_at_a_time_by_default(rollout: Rollout) -> None:
+    before = [p["id"] for p in rollout.stack.output("fleet")["proxies"]]
+    log = rollout.up("one-at-a-time", ["443", "8443"])
+    most, back = most_down(log)
+    assert len(back) == REPLICAS  # every domain was replaced: a new seed to boot from
+    assert most == 1, f"{most} replicas of the group were down at once"
+    assert back == [f"home-{i}-domain" for i in range(REPLICAS)]
+    # The same proxies made again (their ids, and so machines and MACs).
+    assert [p["id"] for p in rollout.stack.output("fleet")["proxies"]] == before
+
+
+def test_max_unavailable_two_replaces_two_at_a_time(rollout: Rollout) -> None:
+    log = rollout.up("two-at-a-time", ["443"], maxUnavailable=2)
+    most, back = most_down(log)
+    assert len(back) == REPLICAS
+    assert most == 2, f"{most} replicas of the group were down at once"
+
+
+def test_the_whole_group_at_once_when_max_unavailable_is_all_of_it(rollout: Rollout) -> None:
+    log = rollout.up("all-at-once", ["443", "8443"], maxUnavailable="100%")
+    most, back = most_down(log)
+    assert len(back) == REPLICAS
+    assert most == REPLICAS
+
+
+def test_the_waits_change_nothing_on_an_existing_stack(rollout: Rollout) -> None:
+    rollout.stack.write_config(
+        config(rollout.where, rollout.image_url, ["443", "8443"], maxUnavailable=1)
+    )
+    rollout.stack.ok("preview", "--expect-no-changes")
+    rollout.stack.ok("destroy", "--yes", "--skip-preview")
