@@ -90,6 +90,7 @@ class Rollout:
     stack: CliStack
     where: Path
     image_url: str
+    other_image_url: str
 
     def up(self, name: str, connect_ports: list[str], **extra: Any) -> Path:
         self.stack.write_config(config(self.where, self.image_url, connect_ports, **extra))
@@ -103,11 +104,12 @@ def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout]:
     where = tmp_path_factory.mktemp("rollout")
     with FileServer() as server:
         url = serve(server, random_qcow2(where, data_mib=1, virtual_mib=16)).url
+        other = serve(server, random_qcow2(where, data_mib=1, virtual_mib=16)).url
         # The CLI takes --event-log only with its debug commands on (as the
         # Automation API runs it).
         env = simulated_env(where / "hosts") | {"PULUMI_DEBUG_COMMANDS": "true"}
         stack = CliStack(where / "stack", "roll", config(where, url, ["443"]), env)
-        yield Rollout(stack, where, url)
+        yield Rollout(stack, where, url, other)
 
 
 def test_a_first_up_creates_the_group_in_turn_too(rollout: Rollout) -> None:
@@ -146,6 +148,16 @@ def test_the_whole_group_at_once_when_max_unavailable_is_all_of_it(rollout: Roll
     most, back = most_down(log)
     assert len(back) == REPLICAS
     assert most == REPLICAS
+
+
+def test_an_image_change_replaces_one_replica_at_a_time(rollout: Rollout) -> None:
+    rollout.image_url = rollout.other_image_url  # a new base: every overlay replaced
+    log = rollout.up("new-image", ["443", "8443"], maxUnavailable=1)
+    most, back = most_down(log)
+    assert len(back) == REPLICAS
+    assert most == 1, f"{most} replicas of the group were down at once"
+    replaced = {s.name for s in steps(log) if s.op == "create-replacement"}
+    assert {f"home-{i}-overlay" for i in range(REPLICAS)} <= replaced
 
 
 def test_the_waits_change_nothing_on_an_existing_stack(rollout: Rollout) -> None:
