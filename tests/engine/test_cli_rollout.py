@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from providers.kvm.simulated import SimulatedHost
 from tests.support.baseimages import random_qcow2, serve
 from tests.support.http import FileServer
 from tests.support.pulumi_cli import CliStack
@@ -26,6 +27,7 @@ from tests.support.stack_config import (
     image,
     key_files,
     kvm_provider,
+    machine_type,
     placement,
     proxy,
     squid,
@@ -37,11 +39,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 REPLICAS = 4
 
 
-def config(where: Path, image_url: str, connect_ports: list[str], **extra: Any) -> dict[str, Any]:
+def config(
+    where: Path, image_url: str, connect_ports: list[str], memory_mib: int = 512, **extra: Any
+) -> dict[str, Any]:
     provider = kvm_provider(
         *key_files(where),
         hosts=[host("nas0", "192.0.2.1:22")],
         images={"d": image(image_url)},
+        machine_types={"s": machine_type(1, memory_mib)},
         ip_timeout=30,
     )
     group = proxy("home", "home", replicas=REPLICAS, where=placement(zone="nas0")) | extra
@@ -91,6 +96,14 @@ class Rollout:
     where: Path
     image_url: str
     other_image_url: str
+
+    def domains(self) -> set[str]:
+        """The domains on the simulated host, as the next CLI run finds them."""
+        simulated = SimulatedHost(self.where / "hosts" / "home--nas0", pool="default", network="n")
+        try:
+            return {d.name() for d in simulated.raw.listAllDomains(0)}
+        finally:
+            simulated.close()
 
     def up(self, name: str, connect_ports: list[str], **extra: Any) -> Path:
         self.stack.write_config(config(self.where, self.image_url, connect_ports, **extra))
@@ -158,6 +171,27 @@ def test_an_image_change_replaces_one_replica_at_a_time(rollout: Rollout) -> Non
     assert most == 1, f"{most} replicas of the group were down at once"
     replaced = {s.name for s in steps(log) if s.op == "create-replacement"}
     assert {f"home-{i}-overlay" for i in range(REPLICAS)} <= replaced
+
+
+def test_a_replacement_that_fails_stops_the_roll(rollout: Rollout) -> None:
+    """A machine type no host has room for (the simulated host has 1 TiB
+    free): the first replica's new domain is refused, and the rest of the
+    group is never taken down; all at once, the whole group would be gone."""
+    ids = {p["name"]: p["id"] for p in rollout.stack.output("fleet")["proxies"]}
+    huge = 2 * 1024 * 1024  # MiB
+    rollout.stack.write_config(
+        config(rollout.where, rollout.image_url, ["443", "8443"], memory_mib=huge)
+    )
+    log = rollout.where / "too-big.events.jsonl"
+    done = rollout.stack.run("up", "--yes", "--skip-preview", "--event-log", str(log))
+    assert done.returncode != 0
+    assert "of memory free" in done.stdout
+    deleted = {s.name for s in steps(log) if s.op == "delete-replaced" and s.phase == "start"}
+    assert deleted == {"home-0-domain"}
+    assert rollout.domains() == {ids[f"home-{i}"] for i in range(1, REPLICAS)}
+    # Back to a machine type that fits: home-0 is made again.
+    rollout.up("fits-again", ["443", "8443"], maxUnavailable=1)
+    assert rollout.domains() == set(ids.values())
 
 
 def test_the_waits_change_nothing_on_an_existing_stack(rollout: Rollout) -> None:
