@@ -27,6 +27,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from providers.kvm import squidpush
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.capacity import domain_memory, free_memory
@@ -56,6 +57,7 @@ AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
 ARP = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP
 POLL_START, POLL_MAX = 1.0, 4.0
 REPLACE, UPDATE = Change.REPLACE, Change.UPDATE
+SEED, SQUID, BOOT = "seedSha256", "squidSha256", "bootSha256"
 
 
 def mac_for(proxy_id: str) -> str:
@@ -82,12 +84,21 @@ class DomainArgs(ResourceArgs, Generic[Made]):
     disk_path: Made = arg("diskPath", REPLACE, str)
     seed_path: Made = arg("seedPath", REPLACE, str)
     base_volume: Made = arg("baseVolume", REPLACE, str)  # a new image: the overlay was replaced
-    seed_sha256: Made = arg("seedSha256", REPLACE, str)  # new user-data: a new seed to boot from
+    seed_sha256: Made = arg("seedSha256", UPDATE, str)  # see squid_sha256
     ip_timeout_seconds: int = arg("ipTimeoutSeconds", UPDATE, int)
     shutdown_timeout_seconds: int = arg("shutdownTimeoutSeconds", UPDATE, int)
+    # Of the seed's content (providers/kvm/squidfiles.py): squid's files,
+    # which a running domain takes in place, and the rest, which only a new
+    # domain boots with; a state without them replaces on any seed change.
+    squid_sha256: Made | None = arg("squidSha256", UPDATE, str, optional=True, default=None)
+    boot_sha256: Made | None = arg("bootSha256", REPLACE, str, optional=True, default=None)
 
 
 METADATA_KEYS = ("project", "stack", "logicalName")
+
+
+def _is_unknown(value: Any) -> bool:
+    return isinstance(value, pulumi.output.Unknown)
 
 
 def _spec(args: DomainArgs[str], created: datetime) -> DomainSpec:
@@ -126,6 +137,16 @@ class ProxyDomainProvider(KvmProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = DomainArgs.changed(olds, news, REPLACE)
         updates = DomainArgs.changed(olds, news, UPDATE)
+        if _is_unknown(news.get("seedPath")) and olds.get("seedPath"):
+            # A preview of the seed's update: its path is its fixed name's in
+            # the host's pool (a new pool shows in `host`), so it stays.
+            replaces = [k for k in replaces if k != "seedPath"]
+        if not olds.get(BOOT):  # made before the seed's parts were told apart
+            replaces = [k for k in replaces if k != BOOT]
+            updates = [k for k in updates if k != SQUID]
+            if SEED in updates:  # as then: a new seed is a new domain
+                updates.remove(SEED)
+                replaces.append(SEED)
         # Read back by refresh: a domain given another MAC out of band.
         name = news.get("name")
         if olds.get("mac") and isinstance(name, str) and olds["mac"] != mac_for(name):
@@ -287,7 +308,30 @@ class ProxyDomainProvider(KvmProvider):
         kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
         if olds.get("state", "running") != "running":
             kept |= self._start_again(args, news)
+        elif olds.get(SQUID) != news.get(SQUID) and olds.get(SQUID):
+            kept |= self._new_squid_settings(args, news)
         return UpdateResult(outs={**news, **kept})
+
+    def _new_squid_settings(self, args: DomainArgs[str], props: dict[str, Any]) -> dict[str, Any]:
+        """Squid's new files into the running guest (providers/kvm/squidpush.py);
+        without an agent that answers, a restart, at whose boot cloud-init
+        applies the new seed."""
+        log = self.logger(args.host, args.name)
+        conn = self.connection(props).libvirt()
+        dom = conn.lookupByName(args.name)
+        try:
+            squidpush.push(dom, squidpush.seed_files(conn, args.seed_path))
+        except squidpush.NoAgent as error:
+            log.warning(
+                "the guest agent did not answer (%s): restarting the domain, whose next "
+                "boot applies the new seed",
+                error,
+            )
+            self._remove_running(dom, float(args.shutdown_timeout_seconds))
+            dom.create()
+            return {"ip": self._started_address(conn, dom, args, log), "state": "running"}
+        log.info("squid's new settings applied in place through the guest agent")
+        return {}
 
     def _start_again(self, args: DomainArgs[str], props: dict[str, Any]) -> dict[str, Any]:
         """Start a domain that was stopped out of band; wait for its address."""
@@ -329,6 +373,12 @@ class ProxyDomainProvider(KvmProvider):
     @staticmethod
     def _remove(dom: Any, shutdown_timeout: float) -> None:
         """Graceful shutdown up to the timeout, then destroy; undefine with NVRAM."""
+        ProxyDomainProvider._remove_running(dom, shutdown_timeout)
+        dom.undefineFlags(UNDEFINE_FLAGS)
+
+    @staticmethod
+    def _remove_running(dom: Any, shutdown_timeout: float) -> None:
+        """Graceful shutdown up to the timeout, then destroy: the domain stays defined."""
         if dom.isActive():
             if shutdown_timeout > 0:
                 with contextlib.suppress(libvirt.libvirtError):
@@ -339,7 +389,6 @@ class ProxyDomainProvider(KvmProvider):
             if dom.isActive():
                 with contextlib.suppress(libvirt.libvirtError):
                     dom.destroy()
-        dom.undefineFlags(UNDEFINE_FLAGS)
 
 
 def read_back(info: DomainInfo, props: dict[str, Any]) -> dict[str, Any]:

@@ -108,6 +108,18 @@ def build_nocloud_iso(
     return build_iso(nocloud_files(user_data, meta_data, vendor_data, network_config))
 
 
+def read_nocloud_file(image: bytes, name: str) -> bytes:
+    """The file NAME (``user-data``) of a seed built here, by its Joliet name."""
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(io.BytesIO(image))
+    try:
+        out = io.BytesIO()
+        iso.get_file_from_iso_fp(out, joliet_path=f"/{name}")
+        return out.getvalue()
+    finally:
+        iso.close()
+
+
 def _iso9660_name(name: str) -> str:
     """``user-data`` -> ``USER_DATA.``: d-characters only, an empty extension."""
     plain = "".join(c if c.isalnum() else "_" for c in name.upper())

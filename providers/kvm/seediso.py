@@ -11,9 +11,10 @@ of the documents, so when they are mostly known (the stack config) a state
 reader could test guesses of a low-entropy secret in them against it. Change
 detection does not need it in clear.
 
-Any change of a document replaces the seed (a new seed is what makes
-cloud-init see new data, together with the domain that this replaces); the
-name is fixed per proxy, so the old one is deleted first.
+A change of a document rewrites the seed in place (the domain decides
+what the change needs: providers/kvm/domain.py, squidfiles.py); another
+host or name replaces it, and the name is fixed per proxy, so the old one
+is deleted first.
 
 A seed volume that already exists when create runs (a create killed half way)
 is replaced: its content is derived entirely from the inputs, unlike an
@@ -32,7 +33,14 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    UpdateResult,
+)
 
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
@@ -82,16 +90,16 @@ def _document_failure(key: str, value: Any) -> CheckFailure | None:
 
 @dataclass(frozen=True)
 class SeedArgs(ResourceArgs, Generic[Made]):
-    """SeedIso's inputs: any change replaces the seed (the name is fixed, so
-    the old one is deleted first)."""
+    """SeedIso's inputs: another host or name replaces the seed (the name is
+    fixed, so the old one is deleted first); new documents rewrite it in place."""
 
     host: HostAccess = arg("host", Change.REPLACE, HostAccess)
     name: str = arg("name", Change.REPLACE, str)
-    user_data: Made = arg("userData", Change.REPLACE, str)
-    meta_data: Made = arg("metaData", Change.REPLACE, str)
-    vendor_data: str | None = arg("vendorData", Change.REPLACE, str, optional=True, default=None)
+    user_data: Made = arg("userData", Change.UPDATE, str)
+    meta_data: Made = arg("metaData", Change.UPDATE, str)
+    vendor_data: str | None = arg("vendorData", Change.UPDATE, str, optional=True, default=None)
     network_config: str | None = arg(
-        "networkConfig", Change.REPLACE, str, optional=True, default=None
+        "networkConfig", Change.UPDATE, str, optional=True, default=None
     )
 
 
@@ -132,14 +140,32 @@ class SeedIsoProvider(VolumeProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         documents = unpacked(news)
-        replaces = SeedArgs.changed(state_view(olds, documents), documents, Change.REPLACE)
-        if PACKED in news:  # named as the inputs name them
-            replaces = [k for k in replaces if k not in DOCUMENTS] + [PACKED] * any(
-                k in DOCUMENTS for k in replaces
-            )
-        return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=True)
+        view = state_view(olds, documents)
+        replaces = SeedArgs.changed(view, documents, Change.REPLACE)
+        updates = SeedArgs.changed(view, documents, Change.UPDATE)
+        return DiffResult(
+            changes=bool(replaces or updates),
+            replaces=replaces,
+            delete_before_replace=True,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        name, path, size, sha256 = self._write(
+            props, "replacing a seed volume left by an earlier run"
+        )
+        return CreateResult(id_=name, outs=_stored(props, path, size, sha256))
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        """New documents, in place: a running domain keeps the seed it booted
+        from open (the old file) and reads this one at its next start."""
+        _name, path, size, sha256 = self._write(news, None)
+        return UpdateResult(outs=_stored(news, path, size, sha256))
+
+    def _write(
+        self, props: dict[str, Any], leftover_warning: str | None
+    ) -> tuple[str, str, int, str]:
+        """The seed volume made from PROPS' documents, whatever was there by
+        its name; (name, path, size, sha256)."""
         args = _args(props)
         access, name = args.host, args.name
         log = self.logger(access, name)
@@ -148,7 +174,8 @@ class SeedIsoProvider(VolumeProvider):
         pool = lookup_pool(conn, access)
         leftover = lookup_volume(pool, name)
         if leftover is not None:
-            log.warning("replacing a seed volume left by an earlier run")
+            if leftover_warning is not None:
+                log.warning(leftover_warning)
             leftover.delete(0)
         require_space(pool, len(image), access, f"seed {name!r}")
         vol = pool.createXML(volume_xml(name, len(image), "raw"), 0)
@@ -159,8 +186,7 @@ class SeedIsoProvider(VolumeProvider):
             self._discard(props, error)
             raise
         log.info("seed uploaded to %s (%s)", path, human(len(image)))
-        outs = _stored(props, path, len(image), hashlib.sha256(image).hexdigest())
-        return CreateResult(id_=name, outs=outs)
+        return name, path, len(image), hashlib.sha256(image).hexdigest()
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         # The outputs hold no documents (and an earlier release's all of them).

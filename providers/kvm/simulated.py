@@ -299,6 +299,11 @@ class _Domain(_Wrapper):
         self.host.save_domain(name)
         return result
 
+    def qemuAgentCommand(self, _command: str, _timeout: int, _flags: int) -> str:
+        """No guest runs here, so no agent answers (libvirt_qemu's call, as a
+        method: providers.kvm.squidpush asks a domain for it first)."""
+        raise libvirt.libvirtError("Guest agent is not responding: a simulated domain has no guest")
+
 
 class _Network(_Wrapper):
     def DHCPLeases(self, mac: str | None = None, flags: int = 0) -> list[dict[str, Any]]:

@@ -108,7 +108,8 @@ class Rollout:
     def up(self, name: str, connect_ports: list[str], **extra: Any) -> Path:
         self.stack.write_config(config(self.where, self.image_url, connect_ports, **extra))
         log = self.where / f"{name}.events.jsonl"
-        self.stack.ok("up", "--yes", "--skip-preview", "--event-log", str(log))
+        done = self.stack.ok("up", "--yes", "--skip-preview", "--event-log", str(log))
+        log.with_suffix(".out").write_text(done.stdout + done.stderr)
         return log
 
 
@@ -138,11 +139,13 @@ def test_a_first_up_creates_the_group_in_turn_too(rollout: Rollout) -> None:
     assert len(rollout.stack.output("fleet")["proxies"]) == REPLICAS
 
 
-def test_a_squid_change_replaces_one_replica_at_a_time_by_default(rollout: Rollout) -> None:
+def test_a_machine_type_change_replaces_one_replica_at_a_time_by_default(
+    rollout: Rollout,
+) -> None:
     before = [p["id"] for p in rollout.stack.output("fleet")["proxies"]]
-    log = rollout.up("one-at-a-time", ["443", "8443"])
+    log = rollout.up("one-at-a-time", ["443"], memory_mib=640)
     most, back = most_down(log)
-    assert len(back) == REPLICAS  # every domain was replaced: a new seed to boot from
+    assert len(back) == REPLICAS  # every domain was replaced: a new definition
     assert most == 1, f"{most} replicas of the group were down at once"
     assert back == [f"home-{i}-domain" for i in range(REPLICAS)]
     # The same proxies made again (their ids, and so machines and MACs).
@@ -150,14 +153,14 @@ def test_a_squid_change_replaces_one_replica_at_a_time_by_default(rollout: Rollo
 
 
 def test_max_unavailable_two_replaces_two_at_a_time(rollout: Rollout) -> None:
-    log = rollout.up("two-at-a-time", ["443"], maxUnavailable=2)
+    log = rollout.up("two-at-a-time", ["443"], maxUnavailable=2)  # back to 512 MiB
     most, back = most_down(log)
     assert len(back) == REPLICAS
     assert most == 2, f"{most} replicas of the group were down at once"
 
 
 def test_the_whole_group_at_once_when_max_unavailable_is_all_of_it(rollout: Rollout) -> None:
-    log = rollout.up("all-at-once", ["443", "8443"], maxUnavailable="100%")
+    log = rollout.up("all-at-once", ["443"], memory_mib=640, maxUnavailable="100%")
     most, back = most_down(log)
     assert len(back) == REPLICAS
     assert most == REPLICAS
@@ -165,7 +168,7 @@ def test_the_whole_group_at_once_when_max_unavailable_is_all_of_it(rollout: Roll
 
 def test_an_image_change_replaces_one_replica_at_a_time(rollout: Rollout) -> None:
     rollout.image_url = rollout.other_image_url  # a new base: every overlay replaced
-    log = rollout.up("new-image", ["443", "8443"], maxUnavailable=1)
+    log = rollout.up("new-image", ["443"], memory_mib=640, maxUnavailable=1)
     most, back = most_down(log)
     assert len(back) == REPLICAS
     assert most == 1, f"{most} replicas of the group were down at once"
@@ -179,9 +182,7 @@ def test_a_replacement_that_fails_stops_the_roll(rollout: Rollout) -> None:
     group is never taken down; all at once, the whole group would be gone."""
     ids = {p["name"]: p["id"] for p in rollout.stack.output("fleet")["proxies"]}
     huge = 2 * 1024 * 1024  # MiB
-    rollout.stack.write_config(
-        config(rollout.where, rollout.image_url, ["443", "8443"], memory_mib=huge)
-    )
+    rollout.stack.write_config(config(rollout.where, rollout.image_url, ["443"], memory_mib=huge))
     log = rollout.where / "too-big.events.jsonl"
     done = rollout.stack.run("up", "--yes", "--skip-preview", "--event-log", str(log))
     assert done.returncode != 0
@@ -190,8 +191,42 @@ def test_a_replacement_that_fails_stops_the_roll(rollout: Rollout) -> None:
     assert deleted == {"home-0-domain"}
     assert rollout.domains() == {ids[f"home-{i}"] for i in range(1, REPLICAS)}
     # Back to a machine type that fits: home-0 is made again.
-    rollout.up("fits-again", ["443", "8443"], maxUnavailable=1)
+    rollout.up("fits-again", ["443"], maxUnavailable=1)
     assert rollout.domains() == set(ids.values())
+
+
+def most_updating(log: Path) -> tuple[int, list[str]]:
+    """The most domains in an update at once, and the order their updates ended."""
+    busy: set[str] = set()
+    most, done = 0, []
+    for step in steps(log):
+        if step.name.endswith("-domain") and step.op == "update":
+            if step.phase == "start":
+                busy.add(step.name)
+                most = max(most, len(busy))
+            else:
+                busy.discard(step.name)
+                done.append(step.name)
+    return most, done
+
+
+def test_a_squid_change_is_an_update_in_place_one_replica_at_a_time(rollout: Rollout) -> None:
+    """New squid settings are not a new machine: the seed is rewritten and the
+    running domain updated (a simulated guest has no agent, so the provider
+    restarts it, whose boot applies the seed), in turn like a replacement."""
+    rollout.stack.write_config(config(rollout.where, rollout.image_url, ["443", "8443"]))
+    preview = rollout.stack.ok("preview", "--diff")
+    assert "home-0-domain" in preview.stdout
+    assert "replace" not in preview.stdout, preview.stdout
+    log = rollout.up("squid", ["443", "8443"])
+    ops = {(s.name, s.op) for s in steps(log)}
+    assert not any(op in ("delete-replaced", "create-replacement") for _name, op in ops)
+    assert {(f"home-{i}-seed", "update") for i in range(REPLICAS)} <= ops
+    most, done = most_updating(log)
+    assert done == [f"home-{i}-domain" for i in range(REPLICAS)]
+    assert most == 1, f"{most} domains were updated at once"
+    assert "the guest agent did not answer" in log.with_suffix(".out").read_text()
+    assert rollout.stack.run("preview", "--expect-no-changes").returncode == 0
 
 
 def test_the_waits_change_nothing_on_an_existing_stack(rollout: Rollout) -> None:

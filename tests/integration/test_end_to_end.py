@@ -313,6 +313,8 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
             stages.add(
                 "recycle: autopilot start to new proxy healthy", marks[HEALTHY] - marks[STARTED]
             )
+            # -- new squid settings: in place, through the guest agent ----------------------
+            squid_in_place(stack, conn, page, stages)
             assert service.terminate() == 0
             service = None
     finally:
@@ -327,6 +329,40 @@ def test_a_crawler_fetches_a_page_through_a_proxy_vm_the_stack_made(
     assert left == [], "the destroy left these behind (removed now)"
     base = base_volume("", digest, "qcow2")
     assert base in pool_volumes(conn, testbed), "the cached base image should stay"
+
+
+def squid_in_place(stack: CliStack, conn: Any, page: PageServer, stages: Stages) -> None:
+    """connectPorts narrowed to 443 by `pulumi up`: each VM's squid refuses
+    the page server's port from then on, and no VM was restarted or booted
+    again (the same libvirt domain id, the same kernel boot id): the new
+    squid.conf went in through the guest agent (docs/kvm-provider.md)."""
+    fleet = stack.output("fleet")
+    domains = {p["id"]: conn.lookupByName(p["id"]) for p in fleet["proxies"]}
+
+    def running() -> dict[str, tuple[int, str]]:
+        return {
+            pid: (dom.ID(), guest_run(dom, "cat", "/proc/sys/kernel/random/boot_id").strip())
+            for pid, dom in domains.items()
+        }
+
+    def statuses() -> list[int]:
+        return [
+            connect_status(p["host"], p["port"], page.target, (USERNAME, p["auth"]["password"]))
+            for p in fleet["proxies"]
+        ]
+
+    before = running()
+    assert statuses() == [200] * len(domains)
+    config = stack.read_config()  # the recycle's generation with it
+    stack.write_config({**config, "squid": {**config["squid"], "connectPorts": ["443"]}})
+    preview = stack.ok("preview")
+    assert "replace" not in preview.stdout and "delete" not in preview.stdout, preview.stdout
+    started = time.monotonic()
+    stack.ok("up", "--yes", "--skip-preview")
+    stages.add("squid settings in place (pulumi up)", time.monotonic() - started)
+    assert statuses() == [403] * len(domains)
+    assert running() == before
+    assert stack.output("fleet") == fleet
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import libvirt
-import libvirt_qemu  # type: ignore[import-untyped]
+import libvirt_qemu
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization

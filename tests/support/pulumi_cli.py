@@ -91,6 +91,17 @@ class CliStack:
     def stack_file(self) -> Path:
         return self.directory / f"Pulumi.{self.stack}.yaml"
 
+    def read_config(self) -> dict[str, Any]:
+        """The stack's config as its file holds it now (keys without the
+        namespace): with what the autopilot set there (`generations`)."""
+        doc = yaml.safe_load(self.stack_file.read_text()) or {}
+        prefix = f"{PROJECT}:"
+        return {
+            k[len(prefix) :]: v
+            for k, v in (doc.get("config") or {}).items()
+            if k.startswith(prefix)
+        }
+
     def write_config(self, config: Mapping[str, Any]) -> None:
         """The stack's config (keys without the namespace), keeping pulumi's own keys."""
         old = yaml.safe_load(self.stack_file.read_text()) if self.stack_file.exists() else {}

@@ -14,7 +14,7 @@ import pytest
 from providers.kvm.errors import CapacityError, HostError, HostResourceMissing
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.overlay import OverlayArgs, OverlayProvider
-from providers.kvm.seeddocs import PACKED, packed
+from providers.kvm.seeddocs import packed
 from providers.kvm.seediso import SeedIsoProvider
 from providers.kvm.volumes import GIB, VolumeInfo
 from tests.support.seeds import SEED, seed_props
@@ -104,8 +104,18 @@ def test_seed_create_uploads_the_built_iso_read_and_delete(test_host: TestHost) 
     assert outs["size"] == len(expected)
     assert dict(provider.read(SEED, outs).outs or {}) == outs
     changed = packed(seed_inputs(test_host, userData="#cloud-config\n{}\n"))
-    assert provider.diff(SEED, outs, changed).replaces == [PACKED]
+    diff = provider.diff(SEED, outs, changed)
+    assert (diff.changes, diff.replaces) == (True, [])  # new documents: in place
     assert provider.diff(SEED, outs, packed(props)).changes is False
+    updated = dict(provider.update(SEED, outs, changed).outs or {})
+    rewritten = build_nocloud_iso(
+        "#cloud-config\n{}\n", props["metaData"], props["vendorData"], None
+    )
+    assert updated["path"] == outs["path"]
+    assert test_host.contents[outs["path"]] == rewritten
+    assert updated["sha256"] == hashlib.sha256(rewritten).hexdigest() != outs["sha256"]
+    assert provider.diff(SEED, updated, changed).changes is False
+    outs = updated
     provider.delete(SEED, outs)
     assert test_host.volumes() == set() and test_host.contents == {}
 
