@@ -18,6 +18,12 @@ and address leave host, manifest and service, the group's other VM stays as
 it was, and the service reports the new proxy healthy
 (docs/autopilot.md, "Recycle to healthy on the testbed").
 
+Then new squid settings (`connectPorts` narrowed) by `pulumi up`: each VM's
+squid takes them in place through the guest agent, refusing the page
+server's port from then on, with no restart and no reboot (the same libvirt
+domain id and kernel boot id) and the manifest unchanged
+(docs/kvm-provider.md, "New squid settings: in place").
+
 Last, the stack is destroyed and the host holds no domain, overlay or seed of
 it, only the cached base image.
 
