@@ -16,7 +16,7 @@ import libvirt
 import pulumi
 import pytest
 
-from providers.kvm.seeddocs import PACKED, packed
+from providers.kvm.seeddocs import packed
 from providers.kvm.seediso import SeedArgs, SeedIso, SeedIsoProvider, build_seed
 from providers.kvm.volumes import MIB, lookup_volume, upload, volume_xml
 from proxyinfra.cloudinit import default_vendor_data, render_meta_data
@@ -130,7 +130,7 @@ def test_create_uploads_exactly_the_built_iso(
     assert MARKER not in log
 
 
-def test_a_changed_document_replaces_the_seed_deleting_first(
+def test_a_changed_document_rewrites_the_seed_in_place(
     engine: ProviderProcess, testbed: Testbed, proxy: str
 ) -> None:
     urn = make_urn(f"{proxy}-seed")
@@ -144,16 +144,16 @@ def test_a_changed_document_replaces_the_seed_deleting_first(
     ):
         change: dict[str, Any] = {key: value}
         diff = engine.diff(proxy, urn, out, props(testbed, proxy, **change))
-        assert (diff.action, diff.replaces, diff.delete_before_replace) == (
-            "replace",
-            [PACKED],  # the input that holds them all
-            True,
-        ), key
-    # The replacement as the engine runs it: delete, then create the new content.
-    engine.delete(proxy, urn, out)
-    new = engine.create(urn, props(testbed, proxy, userData="#cloud-config\n{}\n")).properties
+        assert (diff.action, diff.replaces) == ("update", []), key
+    # The update as the engine runs it: the same volume, the new content.
+    news = props(testbed, proxy, userData="#cloud-config\n{}\n")
+    new = engine.update(proxy, urn, out, news)
     assert new["path"] == out["path"] and new["sha256"] != out["sha256"]
     assert hashlib.sha256(Path(new["path"]).read_bytes()).hexdigest() == new["sha256"]
+    assert engine.diff(proxy, urn, new, news).action == "same"
+    # Another name is another volume: a replacement, deleting first (fixed names).
+    moved = engine.diff(proxy, urn, new, props(testbed, proxy) | {"name": "other-seed.iso"})
+    assert (moved.action, moved.delete_before_replace) == ("replace", True)
 
 
 def test_delete_removes_the_volume_tolerantly_and_refresh_sees_it_gone(
