@@ -45,7 +45,7 @@ class ProxyRequest:
     replica: Replica
     squid: Squid
     credentials: Credentials | None
-    # For a backend that ``rolls``: an input of no value ("") to give the
+    # For a backend that ``rolls``: an Output of no value ("") to hold back the
     # resources whose replacement takes the proxy down (proxyinfra/rollout.py).
     after: pulumi.Input[str] | None = None
 

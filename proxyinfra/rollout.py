@@ -13,11 +13,13 @@ StackReference to itself, change under a refresh and cannot be read
 during the stack's first update), so a first ``up`` creates a group
 ``maxUnavailable`` at a time too; an unchanged predecessor answers at once.
 
-The wait is an input of no value (``""``) that the providers ignore, not a
-``dependsOn``: a dependency the engine records would make a targeted
-update that deletes one replica (the autopilot's recycle) delete every
-replica that depends on it, and an input the providers ignore changes no
-diff, so existing stacks see no change.
+The wait is an Output of no value (``""``) without the resources it came
+from; a backend holds an input of its own back with it (kvm: the overlay's
+and the seed's name, providers.kvm.resource.gated), not a ``dependsOn``: a
+dependency the engine records would make a targeted update that deletes
+one replica (the autopilot's recycle) delete every replica that depends on
+it, and an input that keeps its value changes no diff, so existing stacks
+see no change and the state holds nothing more.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from providers.kvm.config import KvmHost, KvmImage, KvmProviderEntry
 from providers.kvm.domain import DomainArgs, ProxyDomain
 from providers.kvm.overlay import Overlay, OverlayArgs
 from providers.kvm.seediso import SeedArgs, SeedIso
-from providers.kvm.squidfiles import digests
+from providers.kvm.squidfiles import seed_parts
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.cloudinit import render_meta_data, render_user_data
 from proxyinfra.names import overlay_volume, seed_volume
@@ -99,7 +99,7 @@ class KvmDeployer:
             child,
             after=request.after,
         )
-        parts = user_data.apply(lambda text: digests(text, [provider.kvm.vendor_data, None]))
+        parts = user_data.apply(lambda text: seed_parts(text, [provider.kvm.vendor_data, None]))
         domain = ProxyDomain(
             f"{replica.name}-domain",
             DomainArgs(
@@ -117,8 +117,7 @@ class KvmDeployer:
                 seed_path=seed.path,
                 base_volume=base.volume,
                 seed_sha256=seed.sha256,
-                squid_sha256=pulumi.Output.secret(parts[0]),
-                boot_sha256=pulumi.Output.secret(parts[1]),
+                seed_parts=pulumi.Output.secret(parts),
                 ip_timeout_seconds=provider.kvm.ip_timeout_seconds,
                 shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_SECONDS,
             ),

@@ -44,6 +44,7 @@ from providers.kvm.domainxml import (
 )
 from providers.kvm.errors import CapacityError, KvmError
 from providers.kvm.resource import KvmProvider
+from providers.kvm.squidfiles import split_parts
 from providers.kvm.trace import state_name
 from providers.kvm.volumes import human
 from proxyinfra.stacktrace import short_stack_trace
@@ -57,7 +58,7 @@ AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
 ARP = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP
 POLL_START, POLL_MAX = 1.0, 4.0
 REPLACE, UPDATE = Change.REPLACE, Change.UPDATE
-SEED, SQUID, BOOT = "seedSha256", "squidSha256", "bootSha256"
+SEED, PARTS = "seedSha256", "seedParts"
 
 
 def mac_for(proxy_id: str) -> str:
@@ -84,14 +85,15 @@ class DomainArgs(ResourceArgs, Generic[Made]):
     disk_path: Made = arg("diskPath", REPLACE, str)
     seed_path: Made = arg("seedPath", REPLACE, str)
     base_volume: Made = arg("baseVolume", REPLACE, str)  # a new image: the overlay was replaced
-    seed_sha256: Made = arg("seedSha256", UPDATE, str)  # see squid_sha256
     ip_timeout_seconds: int = arg("ipTimeoutSeconds", UPDATE, int)
     shutdown_timeout_seconds: int = arg("shutdownTimeoutSeconds", UPDATE, int)
-    # Of the seed's content (providers/kvm/squidfiles.py): squid's files,
-    # which a running domain takes in place, and the rest, which only a new
-    # domain boots with; a state without them replaces on any seed change.
-    squid_sha256: Made | None = arg("squidSha256", UPDATE, str, optional=True, default=None)
-    boot_sha256: Made | None = arg("bootSha256", REPLACE, str, optional=True, default=None)
+    # The seed's content in two parts (providers/kvm/squidfiles.py): squid's
+    # files, which a running domain takes in place, and the rest, which only
+    # a new domain boots with; a state without it replaces on a new seed.
+    seed_parts: Made | None = arg("seedParts", UPDATE, str, optional=True, default=None)
+    # The seed's digest: what tells a state without the parts a new seed
+    # (its outputs keep it only then: `_kept`).
+    seed_sha256: Made | None = arg("seedSha256", UPDATE, str, optional=True, default=None)
 
 
 METADATA_KEYS = ("project", "stack", "logicalName")
@@ -99,6 +101,23 @@ METADATA_KEYS = ("project", "stack", "logicalName")
 
 def _is_unknown(value: Any) -> bool:
     return isinstance(value, pulumi.output.Unknown)
+
+
+def _kept(props: dict[str, Any]) -> dict[str, Any]:
+    """The inputs as the outputs keep them: without the seed's digest when
+    its parts are there (they tell diff all it would; one secret less per
+    proxy in the state, issue 42)."""
+    if props.get(PARTS):
+        return {k: v for k, v in props.items() if k != SEED}
+    return props
+
+
+def _squid_changed(old: Any, new: Any) -> bool:
+    """Whether squid's files differ between two ``seedParts`` (an update's:
+    both there, the rest the same)."""
+    if not isinstance(old, str) or not old or not isinstance(new, str):
+        return False
+    return split_parts(old)[0] != split_parts(new)[0]
 
 
 def _spec(args: DomainArgs[str], created: datetime) -> DomainSpec:
@@ -141,12 +160,20 @@ class ProxyDomainProvider(KvmProvider):
             # A preview of the seed's update: its path is its fixed name's in
             # the host's pool (a new pool shows in `host`), so it stays.
             replaces = [k for k in replaces if k != "seedPath"]
-        if not olds.get(BOOT):  # made before the seed's parts were told apart
-            replaces = [k for k in replaces if k != BOOT]
-            updates = [k for k in updates if k != SQUID]
+        old_parts, new_parts = olds.get(PARTS), news.get(PARTS)
+        if not old_parts:  # made before the seed's parts were told apart
+            updates = [k for k in updates if k != PARTS]
             if SEED in updates:  # as then: a new seed is a new domain
                 updates.remove(SEED)
                 replaces.append(SEED)
+        else:  # the parts say all the seed's digest would
+            updates = [k for k in updates if k != SEED]
+            if PARTS in updates and (
+                not isinstance(new_parts, str)
+                or split_parts(new_parts)[1] != split_parts(old_parts)[1]
+            ):  # more than squid's files: only a new boot applies it
+                updates.remove(PARTS)
+                replaces.append(PARTS)
         # Read back by refresh: a domain given another MAC out of band.
         name = news.get("name")
         if olds.get("mac") and isinstance(name, str) and olds["mac"] != mac_for(name):
@@ -200,7 +227,7 @@ class ProxyDomainProvider(KvmProvider):
                 error.add_note(f"{access.where}: domain {args.name} may remain: {cleanup}")
             raise
         outs = {
-            **props,
+            **_kept(props),
             "ip": ip,
             "mac": mac_for(args.name),
             "state": "running",
@@ -308,9 +335,9 @@ class ProxyDomainProvider(KvmProvider):
         kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
         if olds.get("state", "running") != "running":
             kept |= self._start_again(args, news)
-        elif olds.get(SQUID) != news.get(SQUID) and olds.get(SQUID):
+        elif _squid_changed(olds.get(PARTS), news.get(PARTS)):
             kept |= self._new_squid_settings(args, news)
-        return UpdateResult(outs={**news, **kept})
+        return UpdateResult(outs={**_kept(news), **kept})
 
     def _new_squid_settings(self, args: DomainArgs[str], props: dict[str, Any]) -> dict[str, Any]:
         """Squid's new files into the running guest (providers/kvm/squidpush.py);

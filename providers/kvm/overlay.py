@@ -35,7 +35,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.capacity import size_bytes
 from providers.kvm.errors import HostError, HostResourceMissing
-from providers.kvm.resource import AFTER, VolumeProvider
+from providers.kvm.resource import VolumeProvider, gated
 from providers.kvm.volumes import (
     GIB,
     VolumeInfo,
@@ -182,7 +182,7 @@ class OverlayProvider(VolumeProvider):
     @staticmethod
     def _outputs(props: dict[str, Any], info: VolumeInfo) -> dict[str, Any]:
         return {
-            **{key: value for key, value in props.items() if key != AFTER},
+            **props,
             "path": info.path,
             "capacity": info.capacity,
             # As found on the host: a rebase done out of band shows up as a diff.
@@ -274,8 +274,8 @@ def _whole_gb(value: Any) -> bool:
 
 class Overlay(pulumi.dynamic.Resource):
     """A proxy's disk: inputs ``host``, ``name``, ``basePath``, ``baseFormat``,
-    ``sizeGb`` (and ``after``, providers.kvm.resource.AFTER); outputs those
-    but ``after``, plus ``path`` and ``capacity`` (bytes)."""
+    ``sizeGb``; outputs those plus ``path`` and ``capacity`` (bytes). AFTER
+    holds its registration back (providers.kvm.resource.gated)."""
 
     path: pulumi.Output[str]
     capacity: pulumi.Output[float]
@@ -288,8 +288,7 @@ class Overlay(pulumi.dynamic.Resource):
         after: pulumi.Input[str] | None = None,
     ) -> None:
         props = {**args.to_props(), "path": None, "capacity": None}
-        if after is not None:
-            props[AFTER] = after
+        props["name"] = gated(props["name"], after)
         fixed_name = pulumi.ResourceOptions(delete_before_replace=True)
         with short_stack_trace():
             super().__init__(

@@ -14,6 +14,7 @@ import logging
 import threading
 from typing import Any
 
+import pulumi
 from pulumi.dynamic import ResourceProvider
 
 from providers.kvm import simulated
@@ -23,10 +24,16 @@ from proxyinfra import logs
 
 log = logging.getLogger("kvm")
 
-AFTER = "after"
-"""An input of no value (``""``) that only makes the program wait before it
-registers the resource (proxyinfra/rollout.py): no provider reads it, so no
-diff sees it, and no output keeps it."""
+
+def gated(value: Any, after: Any | None) -> Any:
+    """VALUE (an input), resolved only once AFTER is (proxyinfra/rollout.py):
+    the program registers the resource then. The same value, so no diff
+    sees it, and no key of its own in the state; AFTER brings no dependency."""
+    if after is None:
+        return value
+    return pulumi.Output.all(after, value).apply(lambda both: both[1])
+
+
 _started = False
 _start_lock = threading.Lock()
 _process = contextlib.ExitStack()  # what start() put in place, for the process's life

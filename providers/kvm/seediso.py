@@ -45,7 +45,7 @@ from pulumi.dynamic import (
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.iso import build_nocloud_iso
-from providers.kvm.resource import AFTER, VolumeProvider
+from providers.kvm.resource import VolumeProvider, gated
 from providers.kvm.seeddocs import (
     DIGEST,
     DIGESTS,
@@ -210,8 +210,8 @@ class SeedIsoProvider(VolumeProvider):
 class SeedIso(pulumi.dynamic.Resource):
     """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
     ``vendorData``, ``networkConfig``, sent packed as one secret input
-    ``documents`` (providers/kvm/seeddocs.py), and ``after``
-    (providers.kvm.resource.AFTER); outputs ``host``, ``name``,
+    ``documents`` (providers/kvm/seeddocs.py); AFTER holds its registration
+    back (providers.kvm.resource.gated); outputs ``host``, ``name``,
     ``path``, ``size`` (bytes), ``sha256`` of the ISO and ``digest`` of the
     documents (both secret)."""
 
@@ -238,8 +238,7 @@ class SeedIso(pulumi.dynamic.Resource):
             "size": None,
             "sha256": None,
         }
-        if after is not None:
-            props[AFTER] = after
+        props["name"] = gated(props["name"], after)
         options = pulumi.ResourceOptions(
             additional_secret_outputs=SECRET_OUTPUTS, delete_before_replace=True
         )

@@ -2,10 +2,11 @@
 squid reads (squid.conf, the password file), which a running proxy takes in
 place (providers.kvm.squidpush), and the rest, which only a boot applies.
 
-Two digests of them tell the domain's diff which changed: a new squid
-setting is an update of the running domain, anything else a replacement.
-Both are secret, like the seed's own digest (providers.kvm.seediso): they
-are plain digests of documents that are mostly known.
+A digest of each, kept together as the domain's input ``seedParts``, tells
+the domain's diff which changed: a new squid setting is an update of the
+running domain, anything else a replacement. Secret, like the seed's own
+digest (providers.kvm.seediso): plain digests of documents that are mostly
+known.
 """
 
 from __future__ import annotations
@@ -39,15 +40,26 @@ def squid_files(user_data: str) -> list[dict[str, Any]]:
     return sorted((e for e in files if _is_squids(e)), key=lambda e: str(e["path"]))
 
 
+DIGEST_CHARS = 16  # change detection only, and the state stays small (issue 42)
+
+
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def digests(user_data: str, others: Sequence[str | None]) -> tuple[str, str]:
-    """(squid's files, everything else the seed holds: the rest of USER_DATA
-    and OTHERS, the vendor-data and network-config)."""
+def seed_parts(user_data: str, others: Sequence[str | None]) -> str:
+    """``<squid's files>:<everything else>``, a digest of each: of squid's
+    files in USER_DATA, and of the rest of it with OTHERS (the vendor-data
+    and network-config). One value, so one secret in the state."""
     document = _document(user_data)
     rest = dict(document)
     rest["write_files"] = [e for e in document.get("write_files") or [] if not _is_squids(e)]
-    return _digest(squid_files(user_data)), _digest({"userData": rest, "others": list(others)})
+    squid = _digest(squid_files(user_data))
+    return f"{squid}:{_digest({'userData': rest, 'others': list(others)})}"
+
+
+def split_parts(value: str) -> tuple[str, str]:
+    """(squid's files, the rest) of a ``seed_parts`` value."""
+    squid, _, rest = value.partition(":")
+    return squid, rest

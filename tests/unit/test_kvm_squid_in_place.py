@@ -19,7 +19,7 @@ import yaml
 from providers.kvm import squidpush
 from providers.kvm.domain import DomainArgs, ProxyDomainProvider
 from providers.kvm.errors import KvmError
-from providers.kvm.squidfiles import SQUID_FILES, digests, squid_files
+from providers.kvm.squidfiles import SQUID_FILES, seed_parts, split_parts, squid_files
 from proxyinfra.cloudinit import render_user_data
 from tests.support.testdriver import POOL_PATH, TestHost
 
@@ -34,13 +34,17 @@ def user_data(conf: str = CONF, own: str | None = None) -> str:
     return render_user_data(conf, PASSWORDS, own, hostname=NAME)
 
 
+def parts(text: str, vendor: str | None = "vendor") -> tuple[str, str]:
+    return split_parts(seed_parts(text, [vendor, None]))
+
+
 def test_the_digests_tell_squid_s_files_from_the_rest() -> None:
-    squid, boot = digests(user_data(), ["vendor", None])
-    other_conf = digests(user_data(CONF + "connect_timeout 5 seconds\n"), ["vendor", None])
+    squid, boot = parts(user_data())
+    other_conf = parts(user_data(CONF + "connect_timeout 5 seconds\n"))
     assert other_conf[0] != squid and other_conf[1] == boot
-    own = digests(user_data(own="#cloud-config\npackages: [htop]\n"), ["vendor", None])
+    own = parts(user_data(own="#cloud-config\npackages: [htop]\n"))
     assert own[0] == squid and own[1] != boot
-    vendor = digests(user_data(), ["other vendor", None])
+    vendor = parts(user_data(), "other vendor")
     assert vendor[0] == squid and vendor[1] != boot
     files = squid_files(user_data())
     assert [f["path"] for f in files] == sorted(SQUID_FILES)
@@ -48,7 +52,6 @@ def test_the_digests_tell_squid_s_files_from_the_rest() -> None:
 
 
 def inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
-    squid, boot = digests(user_data(), [None, None])
     args: DomainArgs[str] = DomainArgs(
         host=host.access(),
         name=NAME,
@@ -66,8 +69,7 @@ def inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
         seed_sha256="ab" * 32,
         ip_timeout_seconds=5,
         shutdown_timeout_seconds=1,
-        squid_sha256=squid,
-        boot_sha256=boot,
+        seed_parts=seed_parts(user_data(), [None, None]),
     )
     return args.to_props() | changes
 
@@ -77,10 +79,12 @@ def test_new_squid_settings_are_an_update_anything_else_a_replacement(
 ) -> None:
     provider = ProxyDomainProvider()
     outs = dict(provider.create(inputs(test_host)).outs or {})
-    squid = provider.diff(NAME, outs, inputs(test_host, squidSha256="1" * 64, seedSha256="cd" * 32))
-    assert (squid.changes, squid.replaces) == (True, [])
-    boot = provider.diff(NAME, outs, inputs(test_host, bootSha256="2" * 64, seedSha256="cd" * 32))
-    assert boot.replaces == ["bootSha256"]
+    squid, boot = split_parts(outs["seedParts"])
+    new_squid = inputs(test_host, seedParts=f"{'1' * 16}:{boot}", seedSha256="cd" * 32)
+    update = provider.diff(NAME, outs, new_squid)
+    assert (update.changes, update.replaces) == (True, [])
+    new_boot = inputs(test_host, seedParts=f"{squid}:{'2' * 16}", seedSha256="cd" * 32)
+    assert provider.diff(NAME, outs, new_boot).replaces == ["seedParts"]
     # A preview of the seed's update: its outputs are not known yet.
     preview = inputs(test_host, seedPath=unknown(), seedSha256=unknown())
     assert provider.diff(NAME, outs, preview).replaces == []
@@ -96,7 +100,12 @@ def test_a_domain_made_before_the_digests_is_replaced_by_a_new_seed_as_then(
 ) -> None:
     provider = ProxyDomainProvider()
     outs = dict(provider.create(inputs(test_host)).outs or {})
-    earlier = {k: v for k, v in outs.items() if k not in ("squidSha256", "bootSha256")}
+    # Outputs with the parts keep no seed digest (one secret less a proxy).
+    assert "seedSha256" not in outs
+    assert provider.diff(NAME, outs, inputs(test_host, seedSha256="cd" * 32)).changes is False
+    # As an earlier release kept them: the seed's digest, no parts.
+    earlier = {k: v for k, v in outs.items() if k != "seedParts"}
+    earlier["seedSha256"] = inputs(test_host)["seedSha256"]
     assert provider.diff(NAME, earlier, inputs(test_host)).changes is False
     new_seed = provider.diff(NAME, earlier, inputs(test_host, seedSha256="cd" * 32))
     assert new_seed.replaces == ["seedSha256"]
@@ -112,11 +121,12 @@ def test_without_an_agent_the_update_restarts_the_domain(
     outs = dict(provider.create(inputs(test_host)).outs or {})
     dom = test_host.raw.lookupByName(NAME)
     first_id = dom.ID()
-    news = inputs(test_host, squidSha256="1" * 64, seedSha256="cd" * 32)
+    boot = split_parts(outs["seedParts"])[1]
+    news = inputs(test_host, seedParts=f"{'1' * 16}:{boot}", seedSha256="cd" * 32)
     updated = dict(provider.update(NAME, outs, news).outs or {})
     dom = test_host.raw.lookupByName(NAME)
     assert dom.isActive() and dom.ID() != first_id
-    assert updated["state"] == "running" and updated["squidSha256"] == "1" * 64
+    assert updated["state"] == "running" and updated["seedParts"] == news["seedParts"]
 
 
 class Agent:
