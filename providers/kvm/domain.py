@@ -29,6 +29,12 @@ from pulumi.dynamic import (
 
 from providers.kvm import squidpush
 from providers.kvm.access import HostAccess
+from providers.kvm.addresses import (
+    address_from_agent,
+    address_from_arp,
+    address_from_lease,
+    lease_ip,
+)
 from providers.kvm.args import Change, Made, ResourceArgs, arg
 from providers.kvm.capacity import domain_memory, free_memory
 from providers.kvm.domainxml import (
@@ -44,7 +50,7 @@ from providers.kvm.domainxml import (
 )
 from providers.kvm.errors import CapacityError, KvmError
 from providers.kvm.resource import KvmProvider
-from providers.kvm.squidfiles import split_parts
+from providers.kvm.squidfiles import kept_outputs, seed_changes, squid_changed
 from providers.kvm.trace import state_name
 from providers.kvm.volumes import human
 from proxyinfra.stacktrace import short_stack_trace
@@ -54,11 +60,8 @@ UNDEFINE_FLAGS = (
     | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
     | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
 )
-AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
-ARP = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP
 POLL_START, POLL_MAX = 1.0, 4.0
 REPLACE, UPDATE = Change.REPLACE, Change.UPDATE
-SEED, PARTS = "seedSha256", "seedParts"
 
 
 def mac_for(proxy_id: str) -> str:
@@ -92,7 +95,7 @@ class DomainArgs(ResourceArgs, Generic[Made]):
     # a new domain boots with; a state without it replaces on a new seed.
     seed_parts: Made | None = arg("seedParts", UPDATE, str, optional=True, default=None)
     # The seed's digest: what tells a state without the parts a new seed
-    # (its outputs keep it only then: `_kept`).
+    # (its outputs keep it only then: squidfiles.kept_outputs).
     seed_sha256: Made | None = arg("seedSha256", UPDATE, str, optional=True, default=None)
 
 
@@ -101,23 +104,6 @@ METADATA_KEYS = ("project", "stack", "logicalName")
 
 def _is_unknown(value: Any) -> bool:
     return isinstance(value, pulumi.output.Unknown)
-
-
-def _kept(props: dict[str, Any]) -> dict[str, Any]:
-    """The inputs as the outputs keep them: without the seed's digest when
-    its parts are there (they tell diff all it would; one secret less per
-    proxy in the state, issue 42)."""
-    if props.get(PARTS):
-        return {k: v for k, v in props.items() if k != SEED}
-    return props
-
-
-def _squid_changed(old: Any, new: Any) -> bool:
-    """Whether squid's files differ between two ``seedParts`` (an update's:
-    both there, the rest the same)."""
-    if not isinstance(old, str) or not old or not isinstance(new, str):
-        return False
-    return split_parts(old)[0] != split_parts(new)[0]
 
 
 def _spec(args: DomainArgs[str], created: datetime) -> DomainSpec:
@@ -160,20 +146,7 @@ class ProxyDomainProvider(KvmProvider):
             # A preview of the seed's update: its path is its fixed name's in
             # the host's pool (a new pool shows in `host`), so it stays.
             replaces = [k for k in replaces if k != "seedPath"]
-        old_parts, new_parts = olds.get(PARTS), news.get(PARTS)
-        if not old_parts:  # made before the seed's parts were told apart
-            updates = [k for k in updates if k != PARTS]
-            if SEED in updates:  # as then: a new seed is a new domain
-                updates.remove(SEED)
-                replaces.append(SEED)
-        else:  # the parts say all the seed's digest would
-            updates = [k for k in updates if k != SEED]
-            if PARTS in updates and (
-                not isinstance(new_parts, str)
-                or split_parts(new_parts)[1] != split_parts(old_parts)[1]
-            ):  # more than squid's files: only a new boot applies it
-                updates.remove(PARTS)
-                replaces.append(PARTS)
+        replaces, updates = seed_changes(olds, news, replaces, updates)
         # Read back by refresh: a domain given another MAC out of band.
         name = news.get("name")
         if olds.get("mac") and isinstance(name, str) and olds["mac"] != mac_for(name):
@@ -227,7 +200,7 @@ class ProxyDomainProvider(KvmProvider):
                 error.add_note(f"{access.where}: domain {args.name} may remain: {cleanup}")
             raise
         outs = {
-            **_kept(props),
+            **kept_outputs(props),
             "ip": ip,
             "mac": mac_for(args.name),
             "state": "running",
@@ -275,10 +248,10 @@ class ProxyDomainProvider(KvmProvider):
         deadline = time.monotonic() + timeout
         interval = POLL_START
         while True:
-            found = _address_from_agent(dom, mac) or (
-                _address_from_lease(net, mac, network)
+            found = address_from_agent(dom, mac) or (
+                address_from_lease(net, mac, network)
                 if net is not None
-                else _address_from_arp(dom, mac)
+                else address_from_arp(dom, mac)
             )
             if found:
                 return found
@@ -311,7 +284,7 @@ class ProxyDomainProvider(KvmProvider):
         ip = props.get("ip")
         if state == "running" and access.network:
             net = conn.networkLookupByName(access.network)
-            ip = _lease_ip(net, mac_for(args.name)) or ip
+            ip = lease_ip(net, mac_for(args.name)) or ip
         # The persistent definition: what the domain is, and boots as next.
         info = parse_domain(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         outs = {**props, **read_back(info, props), "state": state, "ip": ip}
@@ -335,9 +308,9 @@ class ProxyDomainProvider(KvmProvider):
         kept: dict[str, Any] = {k: olds[k] for k in ("ip", "mac", "state", "created") if k in olds}
         if olds.get("state", "running") != "running":
             kept |= self._start_again(args, news)
-        elif _squid_changed(olds.get(PARTS), news.get(PARTS)):
+        elif squid_changed(olds, news):
             kept |= self._new_squid_settings(args, news)
-        return UpdateResult(outs={**_kept(news), **kept})
+        return UpdateResult(outs={**kept_outputs(news), **kept})
 
     def _new_squid_settings(self, args: DomainArgs[str], props: dict[str, Any]) -> dict[str, Any]:
         """Squid's new files into the running guest (providers/kvm/squidpush.py);
@@ -448,60 +421,6 @@ def _same_value(old: Any, new: Any) -> bool:
     if isinstance(old, dict) and isinstance(new, dict):  # a key left out is None (HostAccess)
         return all((old.get(k) or None) == (new.get(k) or None) for k in old.keys() | new.keys())
     return bool(old == new)
-
-
-def _first_ipv4(interfaces: dict[str, Any], mac: str) -> str | None:
-    for iface in interfaces.values():
-        if (iface.get("hwaddr") or "").lower() != mac:
-            continue
-        for addr in iface.get("addrs") or []:
-            if addr.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4:
-                return str(addr["addr"])
-    return None
-
-
-class DomainStopped(KvmError):
-    pass
-
-
-# Where an address came from, as the create logs it.
-FROM_AGENT = "the guest agent"
-FROM_ARP = "the host's ARP table"
-
-
-def _from(source: str, ip: str | None) -> tuple[str, str] | None:
-    return (ip, source) if ip else None
-
-
-def _address_from_agent(dom: Any, mac: str) -> tuple[str, str] | None:
-    """Also the liveness check of the wait (no extra RPC): asking the agent of a
-    domain that is not running fails with OPERATION_INVALID."""
-    try:
-        return _from(FROM_AGENT, _first_ipv4(dom.interfaceAddresses(AGENT, 0), mac))
-    except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
-            raise DomainStopped(
-                f"domain {dom.name()} stopped while booting: {error.get_error_message()}"
-            ) from None
-        return None  # no agent (yet): fall through to the other sources
-
-
-def _lease_ip(net: Any, mac: str) -> str | None:
-    for lease in net.DHCPLeases(mac):
-        if lease.get("type") == libvirt.VIR_IP_ADDR_TYPE_IPV4 and lease.get("ipaddr"):
-            return str(lease["ipaddr"])
-    return None
-
-
-def _address_from_lease(net: Any, mac: str, network: str) -> tuple[str, str] | None:
-    return _from(f"the DHCP lease of network {network!r}", _lease_ip(net, mac))
-
-
-def _address_from_arp(dom: Any, mac: str) -> tuple[str, str] | None:
-    try:
-        return _from(FROM_ARP, _first_ipv4(dom.interfaceAddresses(ARP, 0), mac))
-    except libvirt.libvirtError:
-        return None
 
 
 class ProxyDomain(pulumi.dynamic.Resource):

@@ -63,3 +63,47 @@ def split_parts(value: str) -> tuple[str, str]:
     """(squid's files, the rest) of a ``seed_parts`` value."""
     squid, _, rest = value.partition(":")
     return squid, rest
+
+
+# The domain's inputs these digests reach it as (providers/kvm/domain.py).
+SEED, PARTS = "seedSha256", "seedParts"
+
+
+def seed_changes(
+    olds: dict[str, Any], news: dict[str, Any], replaces: list[str], updates: list[str]
+) -> tuple[list[str], list[str]]:
+    """The domain's REPLACES and UPDATES with the seed's keys decided: new
+    squid files an update, anything else of the seed a replacement; for a
+    state without the parts (an earlier release), any new seed a
+    replacement, as then."""
+    replaces, updates = list(replaces), list(updates)
+    old_parts, new_parts = olds.get(PARTS), news.get(PARTS)
+    if not old_parts:
+        updates = [k for k in updates if k != PARTS]
+        if SEED in updates:
+            updates.remove(SEED)
+            replaces.append(SEED)
+        return replaces, updates
+    updates = [k for k in updates if k != SEED]  # the parts say all it would
+    if PARTS in updates and (
+        not isinstance(new_parts, str) or split_parts(new_parts)[1] != split_parts(old_parts)[1]
+    ):
+        updates.remove(PARTS)
+        replaces.append(PARTS)
+    return replaces, updates
+
+
+def squid_changed(olds: dict[str, Any], news: dict[str, Any]) -> bool:
+    """Whether an update brings squid new files (both states have the parts)."""
+    old, new = olds.get(PARTS), news.get(PARTS)
+    if not isinstance(old, str) or not old or not isinstance(new, str):
+        return False
+    return split_parts(old)[0] != split_parts(new)[0]
+
+
+def kept_outputs(props: dict[str, Any]) -> dict[str, Any]:
+    """The domain's inputs as its outputs keep them: without the seed's
+    digest when the parts are there (one secret less a proxy, issue 42)."""
+    if props.get(PARTS):
+        return {k: v for k, v in props.items() if k != SEED}
+    return props

@@ -14,31 +14,12 @@ from providers.kvm.capacity import GIB, MIB, free_memory
 from providers.kvm.domain import DomainArgs, ProxyDomainProvider, mac_for
 from providers.kvm.domainxml import NS_URI
 from providers.kvm.errors import CapacityError, KvmError
-from tests.support.testdriver import NETWORK, POOL_PATH, TestHost
-
-NAME = "proxy-0123456789"
+from tests.support.domain_props import NAME, domain_inputs
+from tests.support.testdriver import NETWORK, TestHost
 
 
 def inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
-    args: DomainArgs[str] = DomainArgs(
-        host=host.access(),
-        name=NAME,
-        project="egress-proxies",
-        stack="unit",
-        logical_name="home-0",
-        memory_mib=256,
-        vcpus=1,
-        domain_type="qemu",
-        cpu_mode="maximum",
-        firmware="uefi",
-        disk_path=f"{POOL_PATH}/{NAME}.qcow2",
-        seed_path=f"{POOL_PATH}/{NAME}-seed.iso",
-        base_volume="base-0123.qcow2",
-        seed_sha256="ab" * 32,
-        ip_timeout_seconds=5,
-        shutdown_timeout_seconds=1,
-    )
-    return args.to_props() | changes
+    return domain_inputs(host, **changes)
 
 
 def create(host: TestHost, **changes: Any) -> dict[str, Any]:

@@ -17,13 +17,13 @@ import pytest
 import yaml
 
 from providers.kvm import squidpush
-from providers.kvm.domain import DomainArgs, ProxyDomainProvider
+from providers.kvm.domain import ProxyDomainProvider
 from providers.kvm.errors import KvmError
 from providers.kvm.squidfiles import SQUID_FILES, seed_parts, split_parts, squid_files
 from proxyinfra.cloudinit import render_user_data
-from tests.support.testdriver import POOL_PATH, TestHost
+from tests.support.domain_props import NAME, domain_inputs
+from tests.support.testdriver import TestHost
 
-NAME = "proxy-0123456789"
 CONF = (
     "http_port 3128\nauth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/passwords\n"
 )
@@ -52,26 +52,7 @@ def test_the_digests_tell_squid_s_files_from_the_rest() -> None:
 
 
 def inputs(host: TestHost, **changes: Any) -> dict[str, Any]:
-    args: DomainArgs[str] = DomainArgs(
-        host=host.access(),
-        name=NAME,
-        project="egress-proxies",
-        stack="unit",
-        logical_name="home-0",
-        memory_mib=256,
-        vcpus=1,
-        domain_type="qemu",
-        cpu_mode="maximum",
-        firmware="uefi",
-        disk_path=f"{POOL_PATH}/{NAME}.qcow2",
-        seed_path=f"{POOL_PATH}/{NAME}-seed.iso",
-        base_volume="base-0123.qcow2",
-        seed_sha256="ab" * 32,
-        ip_timeout_seconds=5,
-        shutdown_timeout_seconds=1,
-        seed_parts=seed_parts(user_data(), [None, None]),
-    )
-    return args.to_props() | changes
+    return domain_inputs(host, seed_parts(user_data(), [None, None]), **changes)
 
 
 def test_new_squid_settings_are_an_update_anything_else_a_replacement(
