@@ -44,9 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The tests of the real CLI last while it builds, and the ones on the
-    # Kubernetes cluster last: on a new machine scripts/test leaves their
-    # builds running in the background while everything else runs first. Under pytest-xdist,
+    # The tests of the real CLI last, and of those the ones on the Kubernetes
+    # cluster: on a new machine scripts/test leaves their builds running in
+    # the background while everything else runs first. Under pytest-xdist,
     # the tests of one machine-wide thing share a worker (suite_order).
     plan(config, items)
 

@@ -12,8 +12,7 @@ that build the client's wheel once. Every other module may run in any worker
 a booting guest leaves idle. The groups start first, the longest first.
 
 Within a group, and among the modules, the order is the one a serial run
-has: the tests of the real Pulumi CLI after the others while its build
-runs (a new machine; with the CLI there, in their place), and those on the
+has: the tests of the real Pulumi CLI after the others, and those on the
 cluster last, so that on a new machine everything else runs while the
 background builds finish.
 
@@ -39,7 +38,6 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 from tests.support.kube import KUBE_MARK
-from tests.support.pulumi_cli import PULUMI
 from tests.support.shared_use import LOCKS, locked
 
 CLI_MARK = "pulumi_cli"
@@ -115,25 +113,12 @@ def testbed_turn(item: pytest.Item) -> Iterator[None]:
         yield
 
 
-# Set by scripts/test when the CLI is still building in the background.
-CLI_PENDING_ENV = "EGRESS_PROXIES_CLI_PENDING"
-
-
-def cli_pending() -> bool:
-    """Whether the CLI's tests would wait for its build: then they go after
-    the others. With the CLI there (a warm machine) they take their place
-    among them, so the long ones start early instead of all at the end
-    (measured: every free CLI module started within a few seconds at 13.7
-    minutes, the last one ending the run a minute after the testbed's)."""
-    return bool(os.environ.get(CLI_PENDING_ENV)) or not PULUMI.exists()
-
-
-def order_key(item: pytest.Item, cli_last: bool = True) -> tuple[bool, bool, bool]:
-    """The CLI's tests after the others (CLI_LAST), the cluster's last; of
-    each kind, the tests that need the testbed alone first (one wait for the
-    testbed, at the start, while the other worker runs short tests)."""
+def order_key(item: pytest.Item) -> tuple[bool, bool, bool]:
+    """The CLI's tests after the others, the cluster's last; of each kind,
+    the tests that need the testbed alone first (one wait for the testbed,
+    at the start, while the other worker runs short tests)."""
     return (
-        cli_last and item.get_closest_marker(CLI_MARK) is not None,
+        item.get_closest_marker(CLI_MARK) is not None,
         item.get_closest_marker(KUBE_MARK) is not None,
         item.get_closest_marker(ALONE_MARK) is None,
     )
@@ -148,14 +133,11 @@ def plan(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Sorts ITEMS (stable); in a worker, puts the groups first and writes
     each grouped test's group where the controller's scheduler reads it."""
     where = getattr(config, "workerinput", {}).get(GROUPS_KEY)
-    cli_last = cli_pending()
     if where is None:
-        items.sort(key=lambda item: order_key(item, cli_last))
+        items.sort(key=order_key)
         return
     group = {item.nodeid: group_of(item) for item in items}
-    items.sort(
-        key=lambda item: (GROUP_RANK.get(group[item.nodeid] or "", 99), order_key(item, cli_last))
-    )
+    items.sort(key=lambda item: (GROUP_RANK.get(group[item.nodeid] or "", 99), order_key(item)))
     groups = {nodeid: name for nodeid, name in group.items() if name is not None}
     # Every worker collects the same tests: each writes the same map, whole.
     fd, temporary = tempfile.mkstemp(dir=Path(where).parent)

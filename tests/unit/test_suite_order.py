@@ -1,6 +1,5 @@
 """The suite's own order (tests/conftest.py): the tests of the real Pulumi CLI
-run last while it builds, so that on a new machine everything else runs
-meanwhile, and in their place once it is there,
+run last, so that on a new machine everything else runs while the CLI builds,
 and a test that runs the CLI without saying so fails on every machine."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.programs import ROOT
-from tests.support.pulumi_cli import PULUMI
 
 pytest_plugins = ["pytester"]
 
@@ -22,11 +20,8 @@ pytest_plugins = ["pytester"]
 HOME = os.environ["HOME"]
 
 
-def suite(
-    pytester: pytest.Pytester, files: dict[str, str], cli_pending: bool = True
-) -> pytest.RunResult:
-    """Runs FILES as a test suite of their own under the project's conftest;
-    CLI_PENDING: as on a new machine, the CLI still building."""
+def suite(pytester: pytest.Pytester, files: dict[str, str]) -> pytest.RunResult:
+    """Runs FILES as a test suite of their own under the project's conftest."""
     pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
     pytester.makeini(
         "[pytest]\nmarkers =\n    pulumi_cli: runs the CLI\n    kubernetes: needs the cluster\n"
@@ -37,7 +32,6 @@ def suite(
         patch.setenv("HOME", HOME)
         patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")  # no wait for a real build
         patch.setenv("EGRESS_PROXIES_KUBE_GATE", "true")
-        patch.setenv("EGRESS_PROXIES_CLI_PENDING", "1" if cli_pending else "")
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
 
 
@@ -61,33 +55,6 @@ def test_the_tests_of_the_cli_run_after_every_other_test(pytester: pytest.Pytest
         "test_b_unit.py::test_four",
         "test_a_engine.py::test_one",
         "test_a_engine.py::test_two",
-    ]
-
-
-def test_with_the_cli_there_its_tests_run_in_their_place(pytester: pytest.Pytester) -> None:
-    """A warm machine: nothing to wait for, so the long CLI modules start
-    among the others instead of all at the end (tests/support/suite_order.py)."""
-    assert PULUMI.exists()  # bootstrap linked it: this machine is warm
-    result = suite(
-        pytester,
-        {
-            "test_a_engine": (
-                "import pytest\n"
-                "pytestmark = pytest.mark.pulumi_cli\n"
-                "def test_one(): pass\n"
-                "def test_two(): pass\n"
-            ),
-            "test_b_unit": "def test_three(): pass\ndef test_four(): pass\n",
-        },
-        cli_pending=False,
-    )
-    result.assert_outcomes(passed=4)
-    ran = [line.split(" ")[0] for line in result.outlines if " PASSED" in line]
-    assert ran == [
-        "test_a_engine.py::test_one",
-        "test_a_engine.py::test_two",
-        "test_b_unit.py::test_three",
-        "test_b_unit.py::test_four",
     ]
 
 
@@ -191,7 +158,6 @@ def distributed(pytester: pytest.Pytester, files: dict[str, str], workers: int) 
         patch.setenv("HOME", HOME)
         patch.setenv("EGRESS_PROXIES_CLI_GATE", "true")
         patch.setenv("EGRESS_PROXIES_KUBE_GATE", "true")
-        patch.setenv("EGRESS_PROXIES_CLI_PENDING", "1")  # a new machine's order
         # Its locks and timeline of its own, not the running suite's.
         patch.setenv("EGRESS_PROXIES_SUITE_STATE", str(pytester.path / "suite-state"))
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "-n", str(workers))
