@@ -25,8 +25,13 @@ from proxyinfra.squid import DEFAULT_PASSWORD_FILE
 SQUID_FILES = (SQUID_CONF_PATH, DEFAULT_PASSWORD_FILE)
 
 
+# libyaml's safe loader where PyYAML has it: the program digests every
+# proxy's user-data on every run (2.7 ms a proxy with the pure-Python one).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _document(user_data: str) -> dict[str, Any]:
-    document = yaml.safe_load(user_data)
+    document = yaml.load(user_data, Loader=_LOADER)
     return document if isinstance(document, dict) else {}
 
 
@@ -34,10 +39,14 @@ def _is_squids(entry: Any) -> bool:
     return isinstance(entry, dict) and posixpath.normpath(str(entry.get("path"))) in SQUID_FILES
 
 
+def _squid_entries(document: dict[str, Any]) -> list[dict[str, Any]]:
+    files = document.get("write_files") or []
+    return sorted((e for e in files if _is_squids(e)), key=lambda e: str(e["path"]))
+
+
 def squid_files(user_data: str) -> list[dict[str, Any]]:
     """The ``write_files`` entries of squid's files, by path."""
-    files = _document(user_data).get("write_files") or []
-    return sorted((e for e in files if _is_squids(e)), key=lambda e: str(e["path"]))
+    return _squid_entries(_document(user_data))
 
 
 DIGEST_CHARS = 16  # change detection only, and the state stays small (issue 42)
@@ -55,7 +64,7 @@ def seed_parts(user_data: str, others: Sequence[str | None]) -> str:
     document = _document(user_data)
     rest = dict(document)
     rest["write_files"] = [e for e in document.get("write_files") or [] if not _is_squids(e)]
-    squid = _digest(squid_files(user_data))
+    squid = _digest(_squid_entries(document))
     return f"{squid}:{_digest({'userData': rest, 'others': list(others)})}"
 
 
