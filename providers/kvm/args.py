@@ -94,7 +94,8 @@ def _specs(cls: type) -> list[tuple[str, _Spec]]:
     return [(f.name, f.metadata["arg"]) for f in dataclasses.fields(cls) if "arg" in f.metadata]
 
 
-def _is_unknown(value: Any) -> bool:
+def is_unknown(value: Any) -> bool:
+    """Whether VALUE is not known yet (a preview: made by a resource not made)."""
     return isinstance(value, pulumi.output.Unknown)
 
 
@@ -161,9 +162,9 @@ class ResourceArgs:
             if change is not None and spec.change is not change:
                 continue
             old, new = olds.get(spec.key), news.get(spec.key)
-            if _is_unknown(new) or _comparable(spec, old) != _comparable(spec, new):
+            if is_unknown(new) or _comparable(spec, old) != _comparable(spec, new):
                 found.append(spec.key)
         return found
 
 
-__all__ = ["Change", "Made", "ResourceArgs", "arg"]
+__all__ = ["Change", "Made", "ResourceArgs", "arg", "is_unknown"]

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import httpx
-import pulumi
 from pulumi.dynamic import CheckFailure
 
 from providers.kvm.access import HostAccess
-from providers.kvm.args import Change, ResourceArgs, arg
+from providers.kvm.args import Change, ResourceArgs, arg, is_unknown
 from providers.kvm.basevolumes import SHA256_HEX
 from providers.kvm.download import shown_url
 from proxyinfra.names import base_marker_volume, base_volume
@@ -45,7 +44,7 @@ class BaseImageArgs(ResourceArgs):
 
 
 def input_failures(news: dict[str, Any]) -> list[CheckFailure]:
-    unknown = {k for k, v in news.items() if _is_unknown(v)}  # preview: not known yet
+    unknown = {k for k, v in news.items() if is_unknown(v)}  # preview: not known yet
     props = {k: v for k, v in news.items() if k not in unknown}
     failures = []
     url, sha256, fmt = props.get("url"), props.get("sha256") or None, props.get("format")
@@ -100,10 +99,6 @@ def _http_url(url: Any) -> bool:
     except httpx.InvalidURL:
         return False
     return parsed.scheme in ("http", "https") and bool(parsed.host)
-
-
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
 
 
 def _access(value: Any) -> HostAccess | None:

@@ -35,7 +35,7 @@ from providers.kvm.addresses import (
     address_from_lease,
     lease_ip,
 )
-from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.args import Change, Made, ResourceArgs, arg, is_unknown
 from providers.kvm.capacity import domain_memory, free_memory
 from providers.kvm.domainxml import (
     NS_URI,
@@ -102,10 +102,6 @@ class DomainArgs(ResourceArgs, Generic[Made]):
 METADATA_KEYS = ("project", "stack", "logicalName")
 
 
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
-
-
 def _spec(args: DomainArgs[str], created: datetime) -> DomainSpec:
     return DomainSpec(
         name=args.name,
@@ -131,7 +127,7 @@ def _domain_args(props: dict[str, Any]) -> DomainArgs[str]:
 
 class ProxyDomainProvider(KvmProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        if any(isinstance(v, pulumi.output.Unknown) for v in news.values()):
+        if any(is_unknown(v) for v in news.values()):
             return CheckResult(news, [])  # preview: paths come from resources not made yet
         try:
             _spec(_domain_args(news), datetime.now(UTC))
@@ -142,7 +138,7 @@ class ProxyDomainProvider(KvmProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = DomainArgs.changed(olds, news, REPLACE)
         updates = DomainArgs.changed(olds, news, UPDATE)
-        if _is_unknown(news.get("seedPath")) and olds.get("seedPath"):
+        if is_unknown(news.get("seedPath")) and olds.get("seedPath"):
             # A preview of the seed's update: its path is its fixed name's in
             # the host's pool (a new pool shows in `host`), so it stays.
             replaces = [k for k in replaces if k != "seedPath"]

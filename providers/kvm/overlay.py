@@ -32,7 +32,7 @@ from pulumi.dynamic import (
 )
 
 from providers.kvm.access import HostAccess
-from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.args import Change, Made, ResourceArgs, arg, is_unknown
 from providers.kvm.capacity import size_bytes
 from providers.kvm.errors import HostError, HostResourceMissing
 from providers.kvm.resource import VolumeProvider, gated
@@ -68,16 +68,12 @@ def _args(props: dict[str, Any]) -> OverlayArgs[str]:
     return OverlayArgs.from_props(props)
 
 
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
-
-
 class OverlayProvider(VolumeProvider):
     kind = "overlay"
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = []
-        known = {k: v for k, v in news.items() if not _is_unknown(v)}  # preview: base not made yet
+        known = {k: v for k, v in news.items() if not is_unknown(v)}  # preview: base not made yet
         if "name" in known and (not isinstance(known["name"], str) or not known["name"]):
             failures.append(CheckFailure("name", "the volume name must be a non-empty string"))
         base = known.get("basePath")
@@ -253,7 +249,7 @@ def _size_change(olds: dict[str, Any], new_size: Any) -> tuple[bool, bool]:
     a volume smaller than declared (a larger size, or a shrink done out of
     band and seen by refresh) is grown in place; a volume grown out of band
     beyond the declared size is left alone rather than replaced."""
-    if _is_unknown(new_size):
+    if is_unknown(new_size):
         return True, True  # could be a shrink: a preview must never understate losing a disk
     declared = size_bytes(olds.get("sizeGb", 0))
     current = int(olds.get("capacity") or declared)

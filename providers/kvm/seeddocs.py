@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-import pulumi
+from providers.kvm.args import is_unknown
 
 REQUIRED_DOCUMENTS = ("userData", "metaData")
 OPTIONAL_DOCUMENTS = ("vendorData", "networkConfig")
@@ -39,10 +39,6 @@ DIGESTS = "digests"  # fa889d8's form: a digest per document
 DIGEST_CHARS = 32
 # In diff's view of the state, a document whose digest no new one matches.
 _CHANGED = object()
-
-
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
 
 
 def pack(documents: Mapping[str, Any]) -> str:
@@ -80,7 +76,7 @@ def unpacked(props: dict[str, Any]) -> dict[str, Any]:
         return props
     rest = {k: v for k, v in props.items() if k != PACKED and k not in DOCUMENTS}
     value = props[PACKED]
-    if _is_unknown(value):
+    if is_unknown(value):
         return rest | dict.fromkeys(DOCUMENTS, value)
     return rest | unpack(value)
 

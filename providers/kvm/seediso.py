@@ -43,7 +43,7 @@ from pulumi.dynamic import (
 )
 
 from providers.kvm.access import HostAccess
-from providers.kvm.args import Change, Made, ResourceArgs, arg
+from providers.kvm.args import Change, Made, ResourceArgs, arg, is_unknown
 from providers.kvm.iso import build_nocloud_iso
 from providers.kvm.resource import VolumeProvider, gated
 from providers.kvm.seeddocs import (
@@ -71,13 +71,9 @@ from proxyinfra.stacktrace import short_stack_trace
 SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256", DIGEST, DIGESTS]
 
 
-def _is_unknown(value: Any) -> bool:
-    return isinstance(value, pulumi.output.Unknown)
-
-
 def _document_failure(key: str, value: Any) -> CheckFailure | None:
     """A reason naming only the key and the type: never the content."""
-    if _is_unknown(value):
+    if is_unknown(value):
         return None  # preview: rendered from outputs not known yet
     if value is None and key in OPTIONAL_DOCUMENTS:
         return None
@@ -134,7 +130,7 @@ class SeedIsoProvider(VolumeProvider):
             return CheckResult(news, [CheckFailure(PACKED, str(error))])
         failures = [f for key in DOCUMENTS if (f := _document_failure(key, documents.get(key)))]
         name = news.get("name")
-        if not _is_unknown(name) and (not isinstance(name, str) or not name):
+        if not is_unknown(name) and (not isinstance(name, str) or not name):
             failures.append(CheckFailure("name", "the volume name must be a non-empty string"))
         return CheckResult(news, failures)
 
