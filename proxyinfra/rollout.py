@@ -2,8 +2,9 @@
 ``maxUnavailable`` of them down at once.
 
 A kvm proxy's machine and volumes have fixed names, so its replacement
-deletes it first (a squid setting, an image, a machine type: every replica
-of the group at once). Here each replica waits, before the resources whose
+deletes it first (the user's userData, an image, a machine type: every
+replica of the group at once; new squid settings go in place instead,
+providers/kvm/squidpush.py). Here each replica waits, before the resources whose
 replacement takes it down are registered, until the replica
 ``maxUnavailable`` places before it in its group has its address: the
 engine then replaces the group ``maxUnavailable`` replicas at a time, each

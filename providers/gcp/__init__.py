@@ -26,9 +26,8 @@ class GcpBackend:
     entry_model: builtins.type[ProviderEntry] = GcpProviderEntry
     provisions = True
     takes_user_data = True
-    rolls = (
-        False  # not yet: an instance takes no input of our own to wait on (docs/gcp-provider.md)
-    )
+    # Not yet: an instance takes no input of our own to wait on (docs/gcp-provider.md).
+    rolls = False
     adopts_leftovers = False  # a lost instance is an orphan that costs money
     plugin: Plugin | None = sdk_plugin("pulumi_gcp")
     pattern_words: Mapping[str, str] = {
