@@ -1,7 +1,7 @@
 """`python -m discovery serve ...`: the companion service (docs/discovery.md).
 
     python -m discovery serve --fleet FILE --listen HOST:PORT --db PATH
-        [--probe-target HOST:PORT] [--probe-interval SECONDS] [--lease-cooldown SECONDS]
+        [--probe-target HOST:PORT ...] [--probe-interval SECONDS] [--lease-cooldown SECONDS]
         [--max-lease-ttl SECONDS] [--health-workers N] [--allow-remote-without-token]
     python -m discovery serve --stack NAME ...       (runs `pulumi stack output` itself)
     python -m discovery serve --stack site-a --stack site-b ...   (several stacks as one fleet)
@@ -120,10 +120,13 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--probe-target",
+        dest="probe_targets",
+        action="append",
         type=_host_port,
-        default=split_host_port(DEFAULT_PROBE_TARGET),
         metavar="HOST:PORT",
-        help=f"what each health probe CONNECTs to through the proxy (default {DEFAULT_PROBE_TARGET})",
+        help="what each health probe CONNECTs to through the proxy; repeat it for fallbacks, "
+        "tried in turn when a proxy cannot reach one, so that one target down does not read "
+        f"as the whole fleet down (default {DEFAULT_PROBE_TARGET})",
     )
     serve.add_argument("--probe-interval", type=_positive, default=10.0, metavar="SECONDS")
     serve.add_argument(
@@ -292,17 +295,20 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         refresh = _positive(refresh_text)
     except argparse.ArgumentTypeError as exc:
         raise ValueError(f"{STACK_REFRESH_ENV}: {exc}") from None
-    probe_host, probe_port = args.probe_target
-    probe_target = (
-        f"[{probe_host}]:{probe_port}" if ":" in probe_host else f"{probe_host}:{probe_port}"
+    probe_targets = tuple(
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        for host, port in args.probe_targets or [split_host_port(DEFAULT_PROBE_TARGET)]
     )
+    twice = sorted({t for t in probe_targets if probe_targets.count(t) > 1})
+    if twice:
+        raise ValueError(f"--probe-target {twice[0]} is given twice")
     return Settings(
         listen_host=host,
         listen_port=port,
         db=db,
         fleet_files=tuple(args.fleet),
         stacks=tuple(args.stack),
-        probe_target=probe_target,
+        probe_targets=probe_targets,
         probe_interval=args.probe_interval,
         lease_cooldown=args.lease_cooldown,
         max_lease_ttl=args.max_lease_ttl,
@@ -381,7 +387,7 @@ def run_server(service: Service) -> int:
         auth="bearer" if settings.token else "none",
         max_lease_ttl=settings.max_lease_ttl,
         lease_cooldown=settings.lease_cooldown,
-        probe_target=settings.probe_target,
+        probe_targets=list(settings.probe_targets),
         probe_interval=settings.probe_interval,
         fd_limit=fd_limit,
         max_connections=guard.max_connections,

@@ -50,7 +50,7 @@ def engine_factory(settings: Settings) -> HealthFactory:
         from health.engine import HealthEngine  # imported late: only the real service needs it
 
         return HealthEngine(
-            target=settings.probe_target,
+            target=settings.probe_targets,
             interval=settings.probe_interval,
             workers=settings.health_workers,
             listener=listener,

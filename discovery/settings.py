@@ -41,7 +41,8 @@ class Settings:
     # (several: served as one, names qualified by stack; sources.py).
     fleet_files: tuple[Path, ...] = ()
     stacks: tuple[str, ...] = ()
-    probe_target: str = DEFAULT_PROBE_TARGET
+    # Tried in turn by each probe until one is reached (health/targets.py).
+    probe_targets: tuple[str, ...] = (DEFAULT_PROBE_TARGET,)
     probe_interval: float = 10.0
     lease_cooldown: float = 600.0
     max_lease_ttl: float = 300.0

@@ -25,6 +25,10 @@ Latency is an exponentially weighted moving average of successful probes;
 the last HISTORY probes' times (None for a failure) are kept too, as a tuple
 that each probe replaces, so a snapshot shares it without copying.
 The listener hears every change of health, synchronously, on the loop.
+
+Targets.  A probe tries the configured targets in turn until one is reached;
+a probe that reaches none while every target it tried looks down across the
+fleet counts neither way (health/targets.py).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -51,7 +55,8 @@ from health.model import (
     ProxyEndpoint,
     ProxyHealth,
 )
-from health.probe import ProbeFn, ProbeResult, check_target, probe
+from health.probe import ProbeFn, ProbeResult, probe
+from health.targets import ProbeTargets, missed_target
 
 log = logging.getLogger("health")
 
@@ -102,7 +107,7 @@ class HealthEngine:
     def __init__(
         self,
         *,
-        target: str,
+        target: str | Sequence[str],
         interval: float = 10.0,
         workers: int = 256,
         timeout: float = 5.0,
@@ -116,7 +121,6 @@ class HealthEngine:
         probe_fn: ProbeFn = probe,
         latency_alpha: float = 0.3,
     ) -> None:
-        check_target(target)
         _require(interval > 0, f"interval must be positive, got {interval!r}")
         _require(timeout > 0, f"timeout must be positive, got {timeout!r}")
         _require(workers >= 1, f"workers must be at least 1, got {workers!r}")
@@ -124,7 +128,8 @@ class HealthEngine:
         _require(ok_threshold >= 1, f"ok_threshold must be at least 1, got {ok_threshold!r}")
         _require(0 <= jitter < 1, f"jitter must be in [0, 1), got {jitter!r}")
         _require(0 < latency_alpha <= 1, f"latency_alpha must be in (0, 1], got {latency_alpha!r}")
-        self._target = target
+        # Tried in turn until one is reached (health/targets.py).
+        self._targets = ProbeTargets((target,) if isinstance(target, str) else target, interval)
         self._interval = interval
         self._timeout = timeout
         self._fail_threshold = fail_threshold
@@ -138,6 +143,8 @@ class HealthEngine:
         self._tick = min(TICK_S, interval / 100)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = HealthMetrics(self.registry, lambda: self._in_flight)
+        for name in self._targets.targets:
+            self._metrics.target_down(name, functools.partial(self._targets.is_down, name))
         self._proxies: dict[str, _Proxy] = {}
         self._changed: dict[str, _Proxy] = {}  # probed or reported since take_changed()
         # (due loop time, tie-breaker, proxy); entries of removed or replaced
@@ -321,23 +328,46 @@ class HealthEngine:
     async def _scheduled_probe(self, proxy: _Proxy) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        result = await self._call_probe(proxy)
+        result, counted = await self._call_probe(proxy)
         if not self._current(proxy):
             return  # removed or replaced while the probe ran
         first = proxy.probes == 0
-        self._record(proxy, result)
+        self._record(proxy, result, counted)
         if first:
             period = self._interval * self._rng.random()
         else:
             period = self._interval * (1.0 - self._jitter * self._rng.random())
         self._push(started + period, proxy)
 
-    async def _call_probe(self, proxy: _Proxy) -> ProbeResult:
+    async def _call_probe(self, proxy: _Proxy) -> tuple[ProbeResult, bool]:
+        """The probe's result, and whether it counts for the proxy: the
+        targets in turn until one is reached or the proxy fails for itself;
+        when none is reached, the first target's answer, not counted if every
+        target tried is down (health/targets.py)."""
+        loop = asyncio.get_running_loop()
+        first: ProbeResult | None = None
+        tried: list[str] = []
+        for target in self._targets.order(loop.time()):
+            result = await self._attempt(proxy, target)
+            if result.outcome is Outcome.LOCAL:
+                return result, True  # _record leaves it out
+            missed = missed_target(result)
+            if result.ok or missed:  # says something about the target
+                self._targets.record(target, loop.time(), not missed, result.error)
+            if not missed:
+                return result, True
+            if first is None:
+                first = result
+            tried.append(target)
+        assert first is not None
+        return first, not all(self._targets.is_down(target) for target in tried)
+
+    async def _attempt(self, proxy: _Proxy, target: str) -> ProbeResult:
         self._in_flight += 1
         try:
             return await self._probe_fn(
                 proxy.endpoint,
-                self._target,
+                target,
                 timeout=self._timeout,
                 tls=self._tls,
                 ca_file=self._ca_file,
@@ -358,9 +388,9 @@ class HealthEngine:
         if proxy is None:
             raise KeyError(name)
         async with self._slots:
-            result = await self._call_probe(proxy)
+            result, counted = await self._call_probe(proxy)
         if self._current(proxy):
-            self._record(proxy, result)
+            self._record(proxy, result, counted)
         return proxy.snapshot()
 
     def report_error(self, name: str, error: str) -> None:
@@ -375,12 +405,18 @@ class HealthEngine:
 
     # -- state -----------------------------------------------------------------------
 
-    def _record(self, proxy: _Proxy, result: ProbeResult) -> None:
+    def _record(self, proxy: _Proxy, result: ProbeResult, counted: bool = True) -> None:
         metrics = self._metrics
         if result.outcome is Outcome.LOCAL:
             # Our own shortage (no file descriptor): nothing learnt about the proxy.
             metrics.probes[Outcome.LOCAL].inc()
             self._local_failure(proxy, result)
+            return
+        if not counted:
+            # Every target it tried is down: the fleet-wide failure is the
+            # targets', not this proxy's (health/targets.py).
+            metrics.probes[result.outcome].inc()
+            metrics.targets_down_probes.inc()
             return
         proxy.probes += 1
         self._changed[proxy.endpoint.name] = proxy

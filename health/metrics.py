@@ -71,9 +71,26 @@ class HealthMetrics:
             registry=registry,
         )
         self.in_flight.set_function(in_flight)
+        self._target_down = Gauge(
+            "egress_health_probe_target_down",
+            "1 while a probe target looks down (most attempts through the fleet could not "
+            "reach it), else 0",
+            ["target"],
+            registry=registry,
+        )
+        self.targets_down_probes = Counter(
+            "egress_health_probes_targets_down",
+            "Probes that reached no target while every target they tried looked down: "
+            "not counted against the proxy",
+            registry=registry,
+        )
         self.schedule_lag = Gauge(
             "egress_health_schedule_lag_seconds",
             "How late the most recently started probe was against its schedule; "
             "growing lag means the fleet needs more workers or a longer interval",
             registry=registry,
         )
+
+    def target_down(self, target: str, is_down: Callable[[], bool]) -> None:
+        """TARGET's gauge, read at scrape time."""
+        self._target_down.labels(target=target).set_function(lambda: float(is_down()))

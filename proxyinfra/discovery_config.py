@@ -9,9 +9,10 @@ contract: operators' configs and the docs name them.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from proxyinfra.config import Cidr, Model, Name, Port
 
@@ -23,12 +24,22 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 IMAGE_PATTERN = r"^[^\s]+$"
 HOST_PORT_PATTERN = r"^[^\s:]+:[0-9]{1,5}$|^\[[0-9a-fA-F:.]+\]:[0-9]{1,5}$"
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+HostPort = Annotated[str, Field(pattern=HOST_PORT_PATTERN)]
 Image = Annotated[str, Field(pattern=IMAGE_PATTERN)]
 PATTERN_WORDS = {
     SECRET_NAME_PATTERN: "must be a Kubernetes object name (lowercase letters, digits, '-', '.')",
     SECRET_KEY_PATTERN: "must be a Secret key (letters, digits, '-', '_', '.')",
     HOST_PORT_PATTERN: "must be HOST:PORT such as example.com:443",
 }
+
+
+def _one_or_more(value: object) -> object:
+    """A lone HOST:PORT as a list of one, named without an index when wrong."""
+    if not isinstance(value, str):
+        return value
+    if re.fullmatch(HOST_PORT_PATTERN, value) is None:
+        raise ValueError(PATTERN_WORDS[HOST_PORT_PATTERN])
+    return [value]
 
 
 class SecretRef(Model):
@@ -103,7 +114,18 @@ class DiscoveryConfig(Model):
     token: Token = Field(default_factory=Token)
     database: Database
     resources: Resources = Field(default_factory=Resources)
-    probe_target: Annotated[str, Field(pattern=HOST_PORT_PATTERN)] = "example.com:443"
+    # One target, or several tried in turn (docs/discovery.md, "Probe targets").
+    probe_target: Annotated[
+        list[HostPort], BeforeValidator(_one_or_more), Field(min_length=1, max_length=8)
+    ] = Field(default_factory=lambda: ["example.com:443"])
     probe_interval: Annotated[float, Field(gt=0, le=3600)] = 10.0
     lease_cooldown: Annotated[float, Field(ge=0, le=86400)] = 600.0
     max_lease_ttl: Annotated[float, Field(gt=0, le=86400)] = 300.0
+
+    @field_validator("probe_target")
+    @classmethod
+    def _each_target_once(cls, targets: list[str]) -> list[str]:
+        twice = sorted({t for t in targets if targets.count(t) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]} is given twice")
+        return targets

@@ -8,6 +8,7 @@ clean after each step."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -218,4 +219,25 @@ def test_up_and_serve_leave_a_fresh_clone_as_it_was(
     for address, closed in ((str(testbed.gateway), 8798), ("127.0.0.1", port)):
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((address, closed), timeout=5).close()
+    # A probe target of the caller's replaces the testbed's (the flag adds one per use).
+    own = "127.0.0.1:9"
+    log = tmp_path / "serve-own-target.log"
+    serve = [str(clone / "scripts" / "up"), "lab", "serve", "--listen", f"127.0.0.1:{port}"]
+    with log.open("w") as out:
+        serving = subprocess.Popen(
+            [*serve, "--probe-target", own],
+            env=user_env(**home, DISCOVERY_STACK_REFRESH_SECONDS="600"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        wait_for(lambda: '"event": "starting"' in log.read_text(), timeout=60, what="the service")
+        starting = next(line for line in log.read_text().splitlines() if '"starting"' in line)
+        assert json.loads(starting[starting.index("{") :])["probe_targets"] == [own]
+        assert "probing the fleet through" not in log.read_text()
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(timeout=60) == 143, log.read_text()[-3000:]
+    finally:
+        serving.kill()
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""

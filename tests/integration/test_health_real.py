@@ -393,3 +393,53 @@ def test_engine_over_a_changing_fleet_of_real_endpoints() -> None:
                 await eng.stop()
 
     run(body())
+
+
+def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_fleet() -> None:
+    """Eight proxies of the fleet (names) on one real squid. With a closed
+    port first and a listening target second, every probe falls back and
+    the fleet is healthy. Then the only target stops listening: squid answers
+    503 for every proxy, the target is judged down, and no proxy is lost."""
+    interval = 0.5
+    names = [f"sq{i}" for i in range(8)]
+
+    async def body(squid: RunningSquid) -> None:
+        closed = f"127.0.0.1:{free_port()}"
+        async with Target() as target:
+            listening = f"127.0.0.1:{target.port}"
+            eng = HealthEngine(target=(closed, listening), interval=interval, timeout=1.0)
+            eng.set_fleet(
+                [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
+            )
+            await eng.start()
+            try:
+                await asyncio.sleep(3 * interval)
+                assert {p.health for p in eng.all()} == {Health.HEALTHY}
+                assert _gauge(eng, closed) == 1.0 and _gauge(eng, listening) == 0.0
+            finally:
+                await eng.stop()
+        async with Target() as target:
+            only = f"127.0.0.1:{target.port}"
+            eng = HealthEngine(target=only, interval=interval, timeout=1.0)
+            eng.set_fleet(
+                [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
+            )
+            await eng.start()
+            try:
+                await asyncio.sleep(2 * interval)
+                assert {p.health for p in eng.all()} == {Health.HEALTHY}
+                await target.__aexit__()  # nothing listens there now: squid says 503
+                await asyncio.sleep(5 * interval)
+                assert _gauge(eng, only) == 1.0
+                assert {p.health for p in eng.all()} == {Health.HEALTHY}
+                down = eng.registry.get_sample_value("egress_health_probes_targets_down_total")
+                assert down is not None and down >= len(names)
+            finally:
+                await eng.stop()
+
+    with start_squid(loopback_settings(auth_username="crawler"), PASSWORD) as squid:
+        run(body(squid))
+
+
+def _gauge(eng: HealthEngine, target: str) -> float | None:
+    return eng.registry.get_sample_value("egress_health_probe_target_down", {"target": target})

@@ -201,3 +201,12 @@ def test_existing_secrets_instead_of_generated_ones(tmp_path: Path) -> None:
     assert result.is_secret("discoveryToken")
     assert one(result, "discovery-service").inputs["spec"]["type"] == "NodePort"
     assert result.output("discoveryUrl") == "http://192.0.2.7:30000"
+
+
+def test_every_probe_target_reaches_the_service_in_its_order() -> None:
+    targets = ["probe-a.example:443", "probe-b.example:443"]
+    result = run_program(PROGRAM, config(probeTarget=targets), new_resource_hook=HOOK)
+    pod = one(result.raise_for_error(), "discovery-deployment").inputs["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    given = [args[i + 1] for i, arg in enumerate(args) if arg == "--probe-target"]
+    assert given == targets

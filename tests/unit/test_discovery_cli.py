@@ -49,7 +49,7 @@ def test_every_flag_of_the_design() -> None:
     assert (s.listen_host, s.listen_port) == ("::1", 9000)
     assert s.fleet_file == Path("out.json") and s.stack is None
     assert s.db == Path("/var/lib/discovery/leases.db")
-    assert s.probe_target == "www.example.com:443"
+    assert s.probe_targets == ("www.example.com:443",)
     assert (s.probe_interval, s.lease_cooldown, s.max_lease_ttl) == (2.5, 120, 90)
     assert s.health_workers == 32
     assert s.token == "t0ken-0123456789"
@@ -71,6 +71,14 @@ def test_defaults() -> None:
     assert s.token is None
     assert s.probe_interval == 10 and s.max_lease_ttl == 300 and s.lease_cooldown == 600
     assert s.health_workers == 256 and s.stack_refresh == 60
+    assert s.probe_targets == ("example.com:443",)
+
+
+def test_several_probe_targets_in_their_order_each_once() -> None:
+    s = settings([*BASE, "--probe-target", "a.example:443", "--probe-target", "[::1]:8443"])
+    assert s.probe_targets == ("a.example:443", "[::1]:8443")
+    with pytest.raises(ValueError, match=r"--probe-target a.example:443 is given twice"):
+        settings([*BASE, "--probe-target", "a.example:443", "--probe-target", "a.example:443"])
 
 
 def test_without_a_token_only_loopback_unless_told_otherwise() -> None:

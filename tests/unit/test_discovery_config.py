@@ -113,6 +113,24 @@ def test_bad_values_are_named_by_path(tmp_path: Path) -> None:
     ]
 
 
+def test_one_probe_target_or_several_each_once(tmp_path: Path) -> None:
+    discovery = validate(config(probeTarget="a.example:443"), tmp_path).discovery
+    assert discovery is not None and discovery.probe_target == ["a.example:443"]
+    several = validate(config(probeTarget=["a.example:443", "[::1]:8443"]), tmp_path).discovery
+    assert several is not None and several.probe_target == ["a.example:443", "[::1]:8443"]
+    raw = config(probeTarget=["a.example:443", "nope", "a.example:443"])
+    assert errors_of(raw, tmp_path) == [
+        "discovery.probeTarget[1]: must be HOST:PORT such as example.com:443 (got 'nope')",
+    ]
+    assert errors_of(config(probeTarget=["a.example:443", "a.example:443"]), tmp_path) == [
+        "discovery.probeTarget: a.example:443 is given twice (got ['a.example:443', "
+        "'a.example:443'])",
+    ]
+    assert errors_of(config(probeTarget=[]), tmp_path) == [
+        "discovery.probeTarget: Value should have at least 1 item after validation, not 0 (got [])",
+    ]
+
+
 def test_clients_node_port_and_unpinned_images(tmp_path: Path) -> None:
     raw = config(allowedClients=[], service={"type": "NodePort"})
     assert errors_of(raw, tmp_path) == [

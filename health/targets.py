@@ -1,0 +1,152 @@
+"""Several probe targets, and a target that is down told from a fleet that is.
+
+With one target, that target's outage reads as the whole fleet's: every squid
+answers 502/503/504 (or nothing) for it, every proxy turns unhealthy and
+grants answer 409 fleet-wide until the target is back.  Two things prevent
+that here:
+
+- **Fallback.**  A probe tries the targets in order; when a proxy answers
+  but could not reach a target (:func:`missed_target`), the next one is
+  tried.  One target reached proves the proxy works.
+- **A target judged down.**  Each target keeps a window of its recent
+  attempts (one probe interval).  When at least MIN_ATTEMPTS of them tried
+  it and DOWN_SHARE or more could not reach it, the target is down: tried
+  last from then on, and a probe whose every target missed is not counted
+  against the proxy when all the targets it tried are down.  That is the
+  fleet-wide failure read as the target's (as a load balancer's panic mode
+  stops trusting health checks that fail everywhere at once); a proxy that
+  really lost its way out is still found by crawlers' `error` reports, which
+  always count.  A down target keeps being tried first whenever its window
+  has fewer than MIN_ATTEMPTS attempts, so its recovery is seen within an
+  interval.
+
+Times are the caller's (the engine's loop time), so tests run on a virtual
+clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from health.model import Outcome
+from health.probe import ProbeResult, check_target
+
+log = logging.getLogger("health")
+
+# Fewer attempts than this in a window say nothing about the target: a small
+# fleet cannot tell its target down from all its proxies cut off.
+MIN_ATTEMPTS = 5
+# At least this share of a window's attempts missed: the target is down.
+DOWN_SHARE = 0.9
+# A window is one probe interval, counted in this many buckets.
+BUCKETS = 10
+
+
+def missed_target(result: ProbeResult) -> bool:
+    """The proxy answered but could not reach the target: squid's 502/503/504,
+    a TLS handshake with the target that failed, or a CONNECT accepted at
+    the TCP level and never answered in time (squid still trying the target)."""
+    if result.outcome in (Outcome.UPSTREAM, Outcome.TLS):
+        return True
+    return (
+        result.outcome is Outcome.TIMEOUT
+        and result.connect_ms is not None
+        and result.answer_ms is None
+    )
+
+
+@dataclass(slots=True)
+class _Window:
+    """Attempts at one target over the last BUCKETS buckets of `width` seconds."""
+
+    width: float
+    reached: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    missed: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    epochs: list[int] = field(default_factory=lambda: [-1] * BUCKETS)
+
+    def add(self, now: float, reached: bool) -> None:
+        epoch = int(now // self.width)
+        slot = epoch % BUCKETS
+        if self.epochs[slot] != epoch:
+            self.epochs[slot] = epoch
+            self.reached[slot] = self.missed[slot] = 0
+        if reached:
+            self.reached[slot] += 1
+        else:
+            self.missed[slot] += 1
+
+    def counts(self, now: float) -> tuple[int, int]:
+        """(missed, attempts) in the window ending at NOW."""
+        oldest = int(now // self.width) - BUCKETS + 1
+        missed = attempts = 0
+        for slot in range(BUCKETS):
+            if self.epochs[slot] >= oldest:
+                missed += self.missed[slot]
+                attempts += self.missed[slot] + self.reached[slot]
+        return missed, attempts
+
+
+class ProbeTargets:
+    """The configured targets, in order, and which of them are down."""
+
+    def __init__(self, targets: Sequence[str], window: float) -> None:
+        if not targets:
+            raise ValueError("at least one probe target is needed")
+        for target in targets:
+            check_target(target)
+        duplicates = sorted({t for t in targets if list(targets).count(t) > 1})
+        if duplicates:
+            raise ValueError(f"probe target {duplicates[0]!r} is given twice")
+        self.targets: tuple[str, ...] = tuple(targets)
+        self._windows = {target: _Window(window / BUCKETS) for target in self.targets}
+        self._down: set[str] = set()
+
+    def is_down(self, target: str) -> bool:
+        return target in self._down
+
+    def order(self, now: float) -> list[str]:
+        """The targets to try, in turn: those up first, then those down, but
+        a down target whose window holds too few attempts to judge it goes
+        first (the fleet's next probes find out whether it is back)."""
+        if not self._down:
+            return list(self.targets)
+        fresh = [
+            target
+            for target in self.targets
+            if target not in self._down or self._windows[target].counts(now)[1] < MIN_ATTEMPTS
+        ]
+        return fresh + [target for target in self.targets if target not in fresh]
+
+    def record(self, target: str, now: float, reached: bool, error: str | None = None) -> None:
+        """One attempt at TARGET; judges it again (logging a change)."""
+        window = self._windows[target]
+        window.add(now, reached)
+        if reached and target not in self._down:
+            return  # nothing to judge: the common case, kept cheap
+        missed, attempts = window.counts(now)
+        if attempts < MIN_ATTEMPTS:
+            return
+        down = missed >= DOWN_SHARE * attempts
+        if down == (target in self._down):
+            return
+        if down:
+            self._down.add(target)
+            log.warning(
+                "probe target %s looks down: %d of the last %d attempts could not reach it "
+                "(%s); probes that reach no target are not counted against the proxies "
+                "while every target they tried is down",
+                target,
+                missed,
+                attempts,
+                error,
+            )
+        else:
+            self._down.discard(target)
+            log.info(
+                "probe target %s reachable again (%d of %d attempts reached it)",
+                target,
+                attempts - missed,
+                attempts,
+            )
