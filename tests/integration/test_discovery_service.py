@@ -236,3 +236,40 @@ def test_stack_mode_runs_pulumi_and_sighup_reloads(tmp_path: Path, target: EchoS
         )
     finally:
         running.stop()
+
+
+def test_probe_targets_tried_in_turn_and_a_closed_one_judged_down(
+    tmp_path: Path, target: EchoServer, squid: RunningSquid
+) -> None:
+    """The service wired to several targets: a port nothing listens on first
+    (squid answers 503 there), the echo server second. Every proxy is healthy
+    through the second; the first is judged down, said once in the log and
+    in its gauge."""
+    closed = f"127.0.0.1:{free_port()}"
+    names = {f"p{i}" for i in range(6)}
+    write_fleet(tmp_path / "fleet.json", [entry(n, squid.port) for n in sorted(names)])
+    args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]
+    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "0.5"]
+    args += ["--probe-target", closed, "--probe-target", f"127.0.0.1:{target.port}"]
+    running = ServiceProcess(
+        args, log_path=tmp_path / "service.log", env={"DISCOVERY_TOKEN": TOKEN}
+    )
+    running.start()
+    try:
+        client = httpx.Client(base_url=running.url, headers=AUTH, timeout=10)
+        wait_for(lambda: all_healthy(client, names), timeout=15)
+
+        def gauge(of: str) -> str | None:
+            wanted = f'egress_health_probe_target_down{{target="{of}"}} '
+            text = client.get("/metrics").text
+            return next(
+                (line.split()[-1] for line in text.splitlines() if line.startswith(wanted)), None
+            )
+
+        wait_for(lambda: gauge(closed) == "1.0", timeout=10)
+        assert gauge(f"127.0.0.1:{target.port}") == "0.0"
+        said = [e for e in running.events() if str(e.get("event", "")).startswith("probe target")]
+        assert len(said) == 1 and said[0]["event"].startswith(f"probe target {closed} looks down")
+        assert all_healthy(client, names)
+    finally:
+        running.stop()
