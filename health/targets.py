@@ -46,15 +46,12 @@ BUCKETS = 10
 
 def missed_target(result: ProbeResult) -> bool:
     """The proxy answered but could not reach the target: squid's 502/503/504,
-    a TLS handshake with the target that failed, or a CONNECT accepted at
-    the TCP level and never answered in time (squid still trying the target)."""
+    a TLS handshake with the target that failed, or a time-out once the proxy
+    took the connection (squid still trying the target, or the target slow to
+    finish its handshake through the tunnel)."""
     if result.outcome in (Outcome.UPSTREAM, Outcome.TLS):
         return True
-    return (
-        result.outcome is Outcome.TIMEOUT
-        and result.connect_ms is not None
-        and result.answer_ms is None
-    )
+    return result.outcome is Outcome.TIMEOUT and result.connect_ms is not None
 
 
 @dataclass(slots=True)

@@ -95,6 +95,8 @@ def down_gauge(eng: HealthEngine, target: str) -> float | None:
         (ProbeResult(Outcome.TLS, 1.0, 1.0, None, 200, "handshake failed"), True),
         # squid took the connection and is still trying the target
         (ProbeResult(Outcome.TIMEOUT, 1.0, None, None, None, "no answer"), True),
+        # the tunnel made, the target's TLS handshake never finished
+        (ProbeResult(Outcome.TIMEOUT, 1.0, 1.0, None, 200, "no TLS handshake"), True),
         # the proxy itself never took the connection
         (ProbeResult(Outcome.TIMEOUT, None, None, None, None, "no connect"), False),
         (refused(), False),
