@@ -173,6 +173,27 @@ def ran_where(result: pytest.RunResult) -> dict[str, list[str]]:
     return workers
 
 
+def test_the_lead_modules_run_before_the_testbeds_first_group(pytester: pytest.Pytester) -> None:
+    # One worker takes the work in the queue's order: the lead module (by its
+    # name, LEAD_MODULES) before the testbed's group without alone tests.
+    bed = "import pytest\n@pytest.fixture\ndef testbed(): pass\n" + "".join(
+        f"def test_bed_{i}(testbed): pass\n" for i in range(2)
+    )
+    unit = "".join(f"def test_unit_{i}(): pass\n" for i in range(2))
+    files = {"test_bed": bed, "test_gateway": unit.replace("unit", "lead"), "test_unit": unit}
+    result = distributed(pytester, files, 1)
+    result.assert_outcomes(passed=6)
+    [order] = ran_where(result).values()
+    assert [t.split("::")[0] for t in order] == [
+        "test_gateway.py",
+        "test_gateway.py",
+        "test_bed.py",
+        "test_bed.py",
+        "test_unit.py",
+        "test_unit.py",
+    ], order
+
+
 def test_under_workers_the_tests_of_one_machine_wide_thing_share_a_worker_in_order(
     pytester: pytest.Pytester,
 ) -> None:
