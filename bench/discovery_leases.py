@@ -92,6 +92,9 @@ class _AlwaysHealthy:
     async def probe_now(self, name: str) -> Any:
         return self._states[name]
 
+    def probe_targets(self) -> list[tuple[str, bool]]:
+        return []
+
 
 def serve(fleet: Path, db: str, port: int, cpu: int | None, profile: Path | None = None) -> int:
     if cpu is not None:

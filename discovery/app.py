@@ -144,6 +144,7 @@ def create_app(service: Service) -> ASGIApp:
         detailed,
         Sessions(service.settings.token, brake=brake),
         grants_last_minute=service.metrics.recent_grants.total,
+        probe_targets=service.probe_targets,
     )
     app = Starlette(
         routes=[

@@ -34,6 +34,10 @@ class HealthSource(Protocol):
 
     async def probe_now(self, name: str) -> ProxyHealth: ...
 
+    # Each probe target and whether it looks down (health/targets.py), for
+    # the status page.
+    def probe_targets(self) -> list[tuple[str, bool]]: ...
+
 
 # Builds the engine once the service knows its listener and metrics registry.
 HealthFactory = Callable[[HealthListener, CollectorRegistry], HealthSource]

@@ -205,6 +205,14 @@ class StatusFilters(BaseModel):
     states: list[str]
 
 
+class ProbeTargetState(BaseModel):
+    target: str = Field(description="HOST:PORT, as given to --probe-target")
+    down: bool = Field(
+        description="most attempts through the fleet could not reach it: its misses are "
+        "not counted against the proxies (docs/discovery.md, 'A probe target down')"
+    )
+
+
 class FleetStatus(BaseModel):
     now: str = Field(description="the service's clock, RFC 3339, UTC")
     totals: FleetTotals = Field(description="over the whole fleet, whatever the filters")
@@ -213,6 +221,9 @@ class FleetStatus(BaseModel):
     offset: int
     limit: int
     proxies: list[StatusProxyView] = Field(description="one page of the matching proxies")
+    probe_targets: list[ProbeTargetState] = Field(
+        alias="probeTargets", description="this replica's probe targets, in the order tried"
+    )
 
 
 class ProxySignals(BaseModel):

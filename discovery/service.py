@@ -202,6 +202,10 @@ class Service:
         self.ready = True
         event(log, logging.INFO, "service started", store=self.backend.describe().split()[0])
 
+    def probe_targets(self) -> list[tuple[str, bool]]:
+        """Each probe target and whether it looks down; none before start()."""
+        return self._health.probe_targets() if self._health is not None else []
+
     def close(self) -> None:
         """Frees the store if stop() did not run (a failed start)."""
         self.backend.close()

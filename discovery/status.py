@@ -110,6 +110,7 @@ def fleet_status(
     *,
     now: float,
     grants_last_minute: int,
+    probe_targets: Sequence[tuple[str, bool]] = (),
 ) -> dict[str, Any]:
     """The status endpoint's answer (see discovery/openapi.py, FleetStatus)."""
     totals = {"proxies": 0, "healthy": 0, "unhealthy": 0, "unknown": 0, "leased": 0, "cooling": 0}
@@ -142,4 +143,5 @@ def fleet_status(
         "offset": query.offset,
         "limit": query.limit,
         "proxies": matching[query.offset : query.offset + query.limit],
+        "probeTargets": [{"target": target, "down": down} for target, down in probe_targets],
     }

@@ -224,6 +224,7 @@ def ui_routes(
     sessions: Sessions,
     *,
     grants_last_minute: Callable[[], int],
+    probe_targets: Callable[[], list[tuple[str, bool]]] = list,
     clock: Callable[[], float] = time.time,
 ) -> list[Route]:
     """The page's routes; `proxies` is the lease book's `proxies_json(detail=True)`."""
@@ -331,7 +332,11 @@ def ui_routes(
         except BadQuery as exc:
             return _json({"error": "bad_request", "detail": str(exc)}, 400, headers)
         answer = fleet_status(
-            await proxies(), query, now=clock(), grants_last_minute=grants_last_minute()
+            await proxies(),
+            query,
+            now=clock(),
+            grants_last_minute=grants_last_minute(),
+            probe_targets=probe_targets(),
         )
         return _json(answer, 200, headers)
 

@@ -240,6 +240,10 @@ class HealthEngine:
         changed, self._changed = self._changed, {}
         return [proxy.snapshot() for proxy in changed.values() if self._current(proxy)]
 
+    def probe_targets(self) -> list[tuple[str, bool]]:
+        """Each probe target, in the configured order, and whether it looks down."""
+        return [(target, self._targets.is_down(target)) for target in self._targets.targets]
+
     @property
     def in_flight(self) -> int:
         return self._in_flight

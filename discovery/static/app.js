@@ -115,7 +115,22 @@ function fillSelect(select, values) {
   select.value = values.includes(chosen) ? chosen : "";
 }
 
+// A probe target most of the fleet cannot reach: proxies keep the health they
+// had (docs/discovery.md, "A probe target down"), which the page must say, or a
+// fleet-wide outage of the target would look like nothing at all.
+function renderTargets(targets) {
+  const down = targets.filter((t) => t.down).map((t) => t.target);
+  const note = $("targets-down");
+  note.hidden = down.length === 0;
+  const all = down.length === targets.length;
+  note.textContent = down.length === 0 ? "" :
+    `Probe target${down.length > 1 ? "s" : ""} ${down.join(", ")} ${down.length > 1 ? "look" : "looks"} down` +
+    (all ? ": every target is, so probes count for nothing and proxies keep their last health; check the targets and the fleet's way out."
+         : ": probes go through the other targets.");
+}
+
 function render(data) {
+  renderTargets(data.probeTargets);
   const t = data.totals;
   $("t-proxies").textContent = t.proxies;
   $("t-healthy").textContent = t.healthy;

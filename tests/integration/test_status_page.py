@@ -316,3 +316,46 @@ def test_a_fleet_of_ten_thousand_comes_one_page_per_refresh(
             page.screenshot(path=artifact("ten-thousand.png"))
         finally:
             context.close()
+
+
+def test_a_probe_target_down_is_said_on_the_page(
+    tmp_path: Path, target: EchoServer, squid: RunningSquid, browser: Browser
+) -> None:
+    """Six proxies, a port nothing listens on as the first probe target and
+    the echo server second: the proxies are healthy through the second, and
+    the page says the first looks down (docs/discovery.md, "A probe target
+    down"); with nothing down, it says nothing."""
+    closed = f"127.0.0.1:{free_port()}"
+    names = [f"p{i}" for i in range(6)]
+    write_fleet(tmp_path / "fleet.json", [entry(n, squid.port) for n in names])
+    args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]
+    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "1"]
+    args += ["--probe-target", closed, "--probe-target", f"127.0.0.1:{target.port}"]
+    running = ServiceProcess(
+        args, log_path=tmp_path / "service.log", env={"DISCOVERY_TOKEN": TOKEN}
+    ).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        log_in(page, running.url)
+        note = page.locator("#targets-down")
+        expect(note).to_have_text(
+            f"Probe target {closed} looks down: probes go through the other targets.",
+            timeout=UPDATE,
+        )
+        expect(page.locator("#t-healthy")).to_have_text("6", timeout=UPDATE)
+        page.screenshot(path=artifact("probe-target-down.png"), full_page=True)
+    finally:
+        context.close()
+        running.stop()
+    (tmp_path / "quiet").mkdir()
+    quiet = service(tmp_path / "quiet", target, [entry("a", squid.port)])
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        log_in(page, quiet.url)
+        expect(page.locator("#t-healthy")).to_have_text("1", timeout=UPDATE)
+        expect(page.locator("#targets-down")).to_be_hidden()
+    finally:
+        context.close()
+        quiet.stop()

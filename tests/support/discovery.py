@@ -106,6 +106,7 @@ class FakeHealth:
         self.states: dict[str, ProxyHealth] = {}
         self.errors: list[tuple[str, str]] = []
         self.started = False
+        self.targets: list[tuple[str, bool]] = [("example.com:443", False)]
 
     def set_fleet(self, endpoints: Iterable[ProxyEndpoint]) -> None:
         names = [e.name for e in endpoints]
@@ -139,6 +140,9 @@ class FakeHealth:
 
     async def probe_now(self, name: str) -> ProxyHealth:
         return self.states[name]
+
+    def probe_targets(self) -> list[tuple[str, bool]]:
+        return list(self.targets)
 
     def set(self, name: str, health: Health, error: str | None = None) -> None:
         """Changes a verdict and tells the listener, as the engine does."""

@@ -75,6 +75,17 @@ def test_the_totals_count_the_whole_fleet_whatever_the_filter() -> None:
     assert answer["filters"]["labels"] == ["site=home"]
 
 
+def test_the_probe_targets_in_order_with_the_down_ones_marked() -> None:
+    targets = [("a.example:443", True), ("b.example:443", False)]
+    answer = fleet_status(
+        FLEET, StatusQuery(), now=0.0, grants_last_minute=0, probe_targets=targets
+    )
+    assert answer["probeTargets"] == [
+        {"target": "a.example:443", "down": True},
+        {"target": "b.example:443", "down": False},
+    ]
+
+
 @pytest.mark.parametrize(
     ("params", "names"),
     [
