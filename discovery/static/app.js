@@ -122,11 +122,12 @@ function renderTargets(targets) {
   const down = targets.filter((t) => t.down).map((t) => t.target);
   const note = $("targets-down");
   note.hidden = down.length === 0;
-  const all = down.length === targets.length;
+  const several = down.length > 1;
+  const why = down.length < targets.length ? "probes go through the other targets." :
+    `${targets.length > 1 ? "no target is left, so " : ""}probes count for nothing and the proxies ` +
+    "keep the health they had: check the target and the fleet's way out.";
   note.textContent = down.length === 0 ? "" :
-    `Probe target${down.length > 1 ? "s" : ""} ${down.join(", ")} ${down.length > 1 ? "look" : "looks"} down` +
-    (all ? ": every target is, so probes count for nothing and proxies keep their last health; check the targets and the fleet's way out."
-         : ": probes go through the other targets.");
+    `Probe target${several ? "s" : ""} ${down.join(", ")} ${several ? "look" : "looks"} down: ${why}`;
 }
 
 function render(data) {

@@ -348,6 +348,28 @@ def test_a_probe_target_down_is_said_on_the_page(
     finally:
         context.close()
         running.stop()
+    # The closed port alone: nothing proves a proxy works, none is counted down.
+    (tmp_path / "alone").mkdir()
+    args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "alone" / "leases.db")]
+    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "1"]
+    alone = ServiceProcess(
+        [*args, "--probe-target", closed],
+        log_path=tmp_path / "alone.log",
+        env={"DISCOVERY_TOKEN": TOKEN},
+    ).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        log_in(page, alone.url)
+        expect(page.locator("#targets-down")).to_have_text(
+            f"Probe target {closed} looks down: probes count for nothing and the proxies keep "
+            "the health they had: check the target and the fleet's way out.",
+            timeout=UPDATE,
+        )
+        expect(page.locator("#t-unhealthy")).to_have_text("0")
+    finally:
+        context.close()
+        alone.stop()
     (tmp_path / "quiet").mkdir()
     quiet = service(tmp_path / "quiet", target, [entry("a", squid.port)])
     context = browser.new_context()
