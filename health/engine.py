@@ -351,18 +351,22 @@ class HealthEngine:
         loop = asyncio.get_running_loop()
         first: ProbeResult | None = None
         tried: list[str] = []
-        for target in self._targets.order(loop.time()):
-            result = await self._attempt(proxy, target)
-            if result.outcome is Outcome.LOCAL:
-                return result, True  # _record leaves it out
-            missed = missed_target(result)
-            if result.ok or missed:  # says something about the target
-                self._targets.record(target, loop.time(), not missed, result.error)
-            if not missed:
-                return result, True
-            if first is None:
-                first = result
-            tried.append(target)
+        order, trials = self._targets.order(loop.time())
+        try:
+            for target in order:
+                result = await self._attempt(proxy, target)
+                if result.outcome is Outcome.LOCAL:
+                    return result, True  # _record leaves it out
+                missed = missed_target(result)
+                if result.ok or missed:  # says something about the target
+                    self._targets.record(target, loop.time(), not missed, result.error)
+                if not missed:
+                    return result, True
+                if first is None:
+                    first = result
+                tried.append(target)
+        finally:
+            self._targets.end_trials(trials)
         assert first is not None
         return first, not all(self._targets.is_down(target) for target in tried)
 

@@ -99,22 +99,35 @@ class ProbeTargets:
         self.targets: tuple[str, ...] = tuple(targets)
         self._windows = {target: _Window(window / BUCKETS) for target in self.targets}
         self._down: set[str] = set()
+        # Down targets' attempts in flight as trials: a target that never
+        # answers (packets dropped) holds each attempt for the whole timeout,
+        # and the probes starting meanwhile must not all try it first too.
+        self._trials: dict[str, int] = dict.fromkeys(self.targets, 0)
 
     def is_down(self, target: str) -> bool:
         return target in self._down
 
-    def order(self, now: float) -> list[str]:
+    def order(self, now: float) -> tuple[list[str], list[str]]:
         """The targets to try, in turn: those up first, then those down, but
-        a down target whose window holds too few attempts to judge it goes
-        first (the fleet's next probes find out whether it is back)."""
+        a down target whose window holds too few attempts to judge it (its
+        trials in flight counted) goes first, as a trial: the fleet's next
+        probes find out whether it is back. The trials, second, must be
+        handed to end_trials() once the probe is over."""
         if not self._down:
-            return list(self.targets)
-        fresh = [
+            return list(self.targets), []
+        trials = [
             target
-            for target in self.targets
-            if target not in self._down or self._windows[target].counts(now)[1] < MIN_ATTEMPTS
+            for target in self._down
+            if self._windows[target].counts(now)[1] + self._trials[target] < MIN_ATTEMPTS
         ]
-        return fresh + [target for target in self.targets if target not in fresh]
+        for target in trials:
+            self._trials[target] += 1
+        first = [t for t in self.targets if t not in self._down or t in trials]
+        return first + [t for t in self.targets if t not in first], trials
+
+    def end_trials(self, trials: list[str]) -> None:
+        for target in trials:
+            self._trials[target] -= 1
 
     def record(self, target: str, now: float, reached: bool, error: str | None = None) -> None:
         """One attempt at TARGET; judges it again (logging a change)."""

@@ -256,6 +256,38 @@ def test_a_down_target_is_tried_after_the_others_and_again_each_interval() -> No
     assert MIN_ATTEMPTS <= tried[A] <= 4 * (MIN_ATTEMPTS + 3)
 
 
+@dataclass
+class Blackhole(Targets):
+    """A's packets dropped: each attempt there waits out the timeout."""
+
+    async def __call__(self, endpoint: ProxyEndpoint, target: str, **options: Any) -> ProbeResult:
+        if target != A:
+            return await super().__call__(endpoint, target, **options)
+        self.attempts.append((endpoint.name, target))
+        await asyncio.sleep(options["timeout"])
+        return ProbeResult(Outcome.TIMEOUT, 1.0, None, None, None, "no answer in 5 s")
+
+
+def test_a_target_that_never_answers_holds_only_a_few_probes_as_trials() -> None:
+    # 200 proxies: 20 probes start a second. Each trial at A lasts the whole
+    # 5 s timeout; without its trials in flight counted, every probe starting
+    # meanwhile would try A first too (about 100 per trial period).
+    fake = Blackhole()
+    eng = engine(fake, (A, B), timeout=5.0)
+    eng.set_fleet(fleet(200))
+
+    async def body() -> Counter[str]:
+        await for_intervals(eng, 3)
+        assert down_gauge(eng, A) == 1.0
+        fake.attempts.clear()
+        await for_intervals(eng, 4)
+        return Counter(target for _, target in fake.attempts)
+
+    tried = run(running(eng, body))
+    assert states(eng) == Counter({Health.HEALTHY: 200})
+    assert tried[A] <= 4 * 2 * MIN_ATTEMPTS, tried
+
+
 def test_a_down_target_back_is_tried_first_again() -> None:
     fake = Targets({A: upstream()})
     eng = engine(fake, (A, B))
@@ -285,11 +317,17 @@ def test_the_share_that_makes_a_target_down() -> None:
     for _ in range(4):
         targets.record(A, 3.0, reached=False)
     assert DOWN_SHARE <= 54 / 60 and targets.is_down(A)
-    assert targets.order(3.5) == [A]  # the only one: tried, down or not
+    assert targets.order(3.5)[0] == [A]  # the only one: tried, down or not
     # A window later, the old attempts are gone: A's judgement needs
     # MIN_ATTEMPTS new ones, and meanwhile A goes first of the targets.
     both = ProbeTargets((A, B), 10.0)
     for _ in range(MIN_ATTEMPTS):
         both.record(A, 1.0, reached=False)
-    assert both.is_down(A) and both.order(5.0) == [B, A]
-    assert both.order(11.5) == [A, B]
+    assert both.is_down(A) and both.order(5.0) == ([B, A], [])
+    # A window later A goes first, as a trial, but only MIN_ATTEMPTS probes at
+    # once: the others meanwhile go to B first.
+    trials = [both.order(11.5) for _ in range(MIN_ATTEMPTS)]
+    assert trials == [([A, B], [A])] * MIN_ATTEMPTS
+    assert both.order(11.5) == ([B, A], [])
+    both.end_trials([A])
+    assert both.order(11.5) == ([A, B], [A])
