@@ -25,6 +25,7 @@ Latency is an exponentially weighted moving average of successful probes;
 the last HISTORY probes' times (None for a failure) are kept too, as a tuple
 that each probe replaces, so a snapshot shares it without copying.
 The listener hears every change of health, synchronously, on the loop.
+These rules live in health/states.py; this module schedules and probes.
 
 Targets.  A probe tries the configured targets in turn until one is reached;
 a probe that reaches none while every target it tried looks down across the
@@ -41,21 +42,13 @@ import itertools
 import logging
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
 from health.metrics import HealthMetrics
-from health.model import (
-    HISTORY,
-    Health,
-    HealthListener,
-    Outcome,
-    ProxyEndpoint,
-    ProxyHealth,
-)
+from health.model import Health, HealthListener, Outcome, ProxyEndpoint, ProxyHealth
 from health.probe import ProbeFn, ProbeResult, probe
+from health.states import ProxyState, StateRules
 from health.targets import ProbeTargets, missed_target
 
 log = logging.getLogger("health")
@@ -64,43 +57,6 @@ log = logging.getLogger("health")
 _AT_ONCE = float("-inf")
 # Longest a due probe waits so that it starts with the others due by then.
 TICK_S = 0.01
-# Probes the prober could not run (Outcome.LOCAL) are logged at most this often.
-_LOCAL_WARNING_EVERY_S = 10.0
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(slots=True, eq=False)
-class _Proxy:
-    """One proxy's state.  A changed endpoint gets a new object, so a probe
-    of the old address finds itself stale by identity and is ignored."""
-
-    endpoint: ProxyEndpoint
-    changed_at: datetime = field(default_factory=_now)
-    health: Health = Health.UNKNOWN
-    failures: int = 0  # consecutive
-    successes: int = 0  # consecutive
-    latency_ms: float | None = None
-    last_error: str | None = None
-    probes: int = 0
-    recent: tuple[float | None, ...] = ()
-
-    def snapshot(self) -> ProxyHealth:
-        return ProxyHealth(
-            self.endpoint.name,
-            self.health,
-            self.latency_ms,
-            self.last_error,
-            self.changed_at,
-            self.recent,
-        )
-
-    def remember(self, ms: float | None) -> None:
-        """One more probe in the bounded history."""
-        kept = self.recent if len(self.recent) < HISTORY else self.recent[1:]
-        self.recent = (*kept, None if ms is None else round(ms, 1))
 
 
 class HealthEngine:
@@ -132,24 +88,27 @@ class HealthEngine:
         self._targets = ProbeTargets((target,) if isinstance(target, str) else target, interval)
         self._interval = interval
         self._timeout = timeout
-        self._fail_threshold = fail_threshold
-        self._ok_threshold = ok_threshold
         self._jitter = jitter
         self._tls = tls
         self._ca_file = ca_file
-        self._listener = listener
         self._probe_fn = probe_fn
-        self._alpha = latency_alpha
         self._tick = min(TICK_S, interval / 100)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = HealthMetrics(self.registry, lambda: self._in_flight)
         for name in self._targets.targets:
             self._metrics.target_down(name, functools.partial(self._targets.is_down, name))
-        self._proxies: dict[str, _Proxy] = {}
-        self._changed: dict[str, _Proxy] = {}  # probed or reported since take_changed()
+        self._rules = StateRules(
+            fail_threshold=fail_threshold,
+            ok_threshold=ok_threshold,
+            latency_alpha=latency_alpha,
+            metrics=self._metrics,
+            listener=listener,
+        )
+        self._proxies: dict[str, ProxyState] = {}
+        self._changed: dict[str, ProxyState] = {}  # probed or reported since take_changed()
         # (due loop time, tie-breaker, proxy); entries of removed or replaced
         # proxies stay until they surface and are dropped then.
-        self._due: list[tuple[float, int, _Proxy]] = []
+        self._due: list[tuple[float, int, ProxyState]] = []
         self._order = itertools.count()
         self._slots = asyncio.Semaphore(workers)
         self._wake = asyncio.Event()
@@ -157,8 +116,6 @@ class HealthEngine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._rng = random.Random()
-        self._local_failures = 0  # probes not run since the last warning
-        self._local_warned_at = float("-inf")
 
     # -- the fleet -------------------------------------------------------------------
 
@@ -176,7 +133,7 @@ class HealthEngine:
         for proxy in removed:
             self._metrics.proxies[proxy.health].dec()
             log.debug("proxy %s left the fleet (was %s)", proxy.endpoint.name, proxy.health.value)
-        fleet: dict[str, _Proxy] = {}
+        fleet: dict[str, ProxyState] = {}
         added = changed = 0
         forgotten: list[str] = []  # known before, unknown now: the listener must hear it
         for name, endpoint in wanted.items():
@@ -184,7 +141,7 @@ class HealthEngine:
             if current is not None and current.endpoint == endpoint:
                 fleet[name] = current
                 continue
-            fleet[name] = proxy = _Proxy(endpoint)
+            fleet[name] = proxy = ProxyState(endpoint)
             self._metrics.proxies[Health.UNKNOWN].inc()
             self._push(_AT_ONCE, proxy)
             if current is None:
@@ -206,14 +163,14 @@ class HealthEngine:
                 len(removed),
             )
         for name in forgotten:
-            self._notify(name, Health.UNKNOWN)
+            self._rules.notify(name, Health.UNKNOWN)
 
-    def _push(self, due: float, proxy: _Proxy) -> None:
+    def _push(self, due: float, proxy: ProxyState) -> None:
         heapq.heappush(self._due, (due, next(self._order), proxy))
         if self._due[0][2] is proxy:
             self._wake.set()  # earlier than what the scheduler sleeps towards
 
-    def _current(self, proxy: _Proxy) -> bool:
+    def _current(self, proxy: ProxyState) -> bool:
         return self._proxies.get(proxy.endpoint.name) is proxy
 
     # -- reading state ---------------------------------------------------------------
@@ -300,7 +257,7 @@ class HealthEngine:
             # first step never runs its body, and its slot must come back.
             task.add_done_callback(functools.partial(self._probe_done, proxy))
 
-    def _probe_done(self, proxy: _Proxy, task: asyncio.Task[None]) -> None:
+    def _probe_done(self, proxy: ProxyState, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._slots.release()
         if task.cancelled():
@@ -329,7 +286,7 @@ class HealthEngine:
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
 
-    async def _scheduled_probe(self, proxy: _Proxy) -> None:
+    async def _scheduled_probe(self, proxy: ProxyState) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         result, counted = await self._call_probe(proxy)
@@ -343,7 +300,7 @@ class HealthEngine:
             period = self._interval * (1.0 - self._jitter * self._rng.random())
         self._push(started + period, proxy)
 
-    async def _call_probe(self, proxy: _Proxy) -> tuple[ProbeResult, bool]:
+    async def _call_probe(self, proxy: ProxyState) -> tuple[ProbeResult, bool]:
         """The probe's result, and whether it counts for the proxy: the
         targets in turn until one is reached or the proxy fails for itself;
         when none is reached, the first target's answer, not counted if every
@@ -356,7 +313,7 @@ class HealthEngine:
             for target in order:
                 result = await self._attempt(proxy, target)
                 if result.outcome is Outcome.LOCAL:
-                    return result, True  # _record leaves it out
+                    return result, True  # record() leaves it out
                 missed = missed_target(result)
                 if result.ok or missed:  # says something about the target
                     self._targets.record(target, loop.time(), not missed, result.error)
@@ -370,7 +327,7 @@ class HealthEngine:
         assert first is not None
         return first, not all(self._targets.is_down(target) for target in tried)
 
-    async def _attempt(self, proxy: _Proxy, target: str) -> ProbeResult:
+    async def _attempt(self, proxy: ProxyState, target: str) -> ProbeResult:
         self._in_flight += 1
         try:
             return await self._probe_fn(
@@ -409,97 +366,12 @@ class HealthEngine:
             return
         self._metrics.reported_errors.inc()
         self._changed[name] = proxy
-        self._failure(proxy, f"reported by a crawler: {error}")
+        self._rules.failure(proxy, f"reported by a crawler: {error}")
 
-    # -- state -----------------------------------------------------------------------
-
-    def _record(self, proxy: _Proxy, result: ProbeResult, counted: bool = True) -> None:
-        metrics = self._metrics
-        if result.outcome is Outcome.LOCAL:
-            # Our own shortage (no file descriptor): nothing learnt about the proxy.
-            metrics.probes[Outcome.LOCAL].inc()
-            self._local_failure(proxy, result)
-            return
-        if not counted:
-            # Every target it tried is down: the fleet-wide failure is the
-            # targets', not this proxy's (health/targets.py).
-            metrics.probes[result.outcome].inc()
-            metrics.targets_down_probes.inc()
-            return
-        proxy.probes += 1
-        self._changed[proxy.endpoint.name] = proxy
-        metrics.probes[result.outcome].inc()
-        for phase, ms in (
-            ("connect", result.connect_ms),
-            ("answer", result.answer_ms),
-            ("tls", result.tls_ms),
-        ):
-            if ms is not None:
-                metrics.latency[phase].observe(ms / 1000.0)
-        if not result.ok:
-            proxy.remember(None)
-            self._failure(proxy, f"{result.outcome.value}: {result.error}")
-            return
-        total = result.total_ms
-        proxy.remember(total)
-        if total is not None:
-            metrics.latency["total"].observe(total / 1000.0)
-            previous = proxy.latency_ms
-            proxy.latency_ms = (
-                total if previous is None else previous + self._alpha * (total - previous)
-            )
-        proxy.failures = 0
-        proxy.successes = min(proxy.successes + 1, self._ok_threshold)
-        if proxy.health is not Health.HEALTHY and proxy.successes >= self._ok_threshold:
-            self._change(proxy, Health.HEALTHY)
-
-    def _local_failure(self, proxy: _Proxy, result: ProbeResult) -> None:
-        self._local_failures += 1
+    def _record(self, proxy: ProxyState, result: ProbeResult, counted: bool) -> None:
         now = asyncio.get_running_loop().time()
-        if now - self._local_warned_at < _LOCAL_WARNING_EVERY_S:
-            return
-        log.warning(
-            "%d probe(s) not run (%s), the last of %s; not counted against the proxies",
-            self._local_failures,
-            result.error,
-            proxy.endpoint.name,
-        )
-        self._local_failures = 0
-        self._local_warned_at = now
-
-    def _failure(self, proxy: _Proxy, error: str) -> None:
-        proxy.last_error = error
-        proxy.successes = 0
-        proxy.failures = min(proxy.failures + 1, self._fail_threshold)
-        if proxy.health is not Health.UNHEALTHY and proxy.failures >= self._fail_threshold:
-            self._change(proxy, Health.UNHEALTHY)
-
-    def _change(self, proxy: _Proxy, health: Health) -> None:
-        self._metrics.proxies[proxy.health].dec()
-        self._metrics.proxies[health].inc()
-        # A proxy turning healthy at start-up is routine (thousands at once);
-        # losing or regaining health is what an operator looks for.
-        level = logging.DEBUG if Health.UNHEALTHY not in (proxy.health, health) else logging.INFO
-        log.log(
-            level,
-            "proxy %s: %s -> %s%s",
-            proxy.endpoint.name,
-            proxy.health.value,
-            health.value,
-            f" ({proxy.last_error})" if health is Health.UNHEALTHY else "",
-        )
-        proxy.health = health
-        proxy.changed_at = _now()
-        self._notify(proxy.endpoint.name, health)
-
-    def _notify(self, name: str, health: Health) -> None:
-        if self._listener is None:
-            return
-        try:
-            self._listener.on_health_change(name, health)
-        except Exception:
-            # The lease store's trouble must not stop the probing of the fleet.
-            log.exception("health listener failed for %s -> %s", name, health.value)
+        if self._rules.record(proxy, result, counted, now):
+            self._changed[proxy.endpoint.name] = proxy
 
 
 def _require(condition: bool, message: str) -> None:
