@@ -36,6 +36,7 @@ from discovery.settings import (
     is_loopback,
     split_host_port,
 )
+from health.targets import given_twice
 
 if TYPE_CHECKING:
     from discovery.service import Service
@@ -299,9 +300,9 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> Settings
         f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         for host, port in args.probe_targets or [split_host_port(DEFAULT_PROBE_TARGET)]
     )
-    twice = sorted({t for t in probe_targets if probe_targets.count(t) > 1})
-    if twice:
-        raise ValueError(f"--probe-target {twice[0]} is given twice")
+    twice = given_twice(probe_targets)
+    if twice is not None:
+        raise ValueError(f"--probe-target {twice} is given twice")
     return Settings(
         listen_host=host,
         listen_port=port,

@@ -54,6 +54,12 @@ def missed_target(result: ProbeResult) -> bool:
     return result.outcome is Outcome.TIMEOUT and result.connect_ms is not None
 
 
+def given_twice(targets: Sequence[str]) -> str | None:
+    """The first (in sorted order) of TARGETS given more than once, if any."""
+    twice = sorted({target for target in targets if targets.count(target) > 1})
+    return twice[0] if twice else None
+
+
 @dataclass(slots=True)
 class _Window:
     """Attempts at one target over the last BUCKETS buckets of `width` seconds."""
@@ -93,9 +99,9 @@ class ProbeTargets:
             raise ValueError("at least one probe target is needed")
         for target in targets:
             check_target(target)
-        duplicates = sorted({t for t in targets if list(targets).count(t) > 1})
-        if duplicates:
-            raise ValueError(f"probe target {duplicates[0]!r} is given twice")
+        twice = given_twice(targets)
+        if twice is not None:
+            raise ValueError(f"probe target {twice!r} is given twice")
         self.targets: tuple[str, ...] = tuple(targets)
         self._windows = {target: _Window(window / BUCKETS) for target in self.targets}
         self._down: set[str] = set()
