@@ -404,13 +404,12 @@ def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_f
     names = [f"sq{i}" for i in range(8)]
 
     async def body(squid: RunningSquid) -> None:
+        fleet = [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
         closed = f"127.0.0.1:{free_port()}"
         async with Target() as target:
             listening = f"127.0.0.1:{target.port}"
             eng = HealthEngine(target=(closed, listening), interval=interval, timeout=1.0)
-            eng.set_fleet(
-                [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
-            )
+            eng.set_fleet(fleet)
             await eng.start()
             try:
                 await asyncio.sleep(3 * interval)
@@ -421,9 +420,7 @@ def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_f
         async with Target() as target:
             only = f"127.0.0.1:{target.port}"
             eng = HealthEngine(target=only, interval=interval, timeout=1.0)
-            eng.set_fleet(
-                [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
-            )
+            eng.set_fleet(fleet)
             await eng.start()
             try:
                 await asyncio.sleep(2 * interval)

@@ -60,11 +60,18 @@ def entry(name: str, port: int, **extra: Any) -> dict[str, Any]:
     return proxy_entry(name, port=port, username="crawler", password=PASSWORD, **extra)
 
 
-def service(tmp_path: Path, target: EchoServer, entries: list[dict[str, Any]]) -> ServiceProcess:
+def service(
+    tmp_path: Path,
+    target: EchoServer,
+    entries: list[dict[str, Any]],
+    probe_targets: list[str] | None = None,
+) -> ServiceProcess:
+    """The service on ENTRIES, probing through TARGET unless PROBE_TARGETS say otherwise."""
     write_fleet(tmp_path / "fleet.json", entries)
     args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]
-    args += ["--listen", f"127.0.0.1:{free_port()}"]
-    args += ["--probe-target", f"127.0.0.1:{target.port}", "--probe-interval", "1"]
+    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "1"]
+    for probe_target in probe_targets or [f"127.0.0.1:{target.port}"]:
+        args += ["--probe-target", probe_target]
     args += ["--max-lease-ttl", "600", "--lease-cooldown", "900"]
     env = {"DISCOVERY_TOKEN": TOKEN, "EGRESS_PROXIES_LOG": "debug"}
     return ServiceProcess(args, log_path=tmp_path / "service.log", env=env).start()
@@ -326,14 +333,10 @@ def test_a_probe_target_down_is_said_on_the_page(
     the page says the first looks down (docs/discovery.md, "A probe target
     down"); with nothing down, it says nothing."""
     closed = f"127.0.0.1:{free_port()}"
-    names = [f"p{i}" for i in range(6)]
-    write_fleet(tmp_path / "fleet.json", [entry(n, squid.port) for n in names])
-    args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]
-    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "1"]
-    args += ["--probe-target", closed, "--probe-target", f"127.0.0.1:{target.port}"]
-    running = ServiceProcess(
-        args, log_path=tmp_path / "service.log", env={"DISCOVERY_TOKEN": TOKEN}
-    ).start()
+    six = [entry(f"p{i}", squid.port) for i in range(6)]
+    for place in ("both", "alone", "quiet"):
+        (tmp_path / place).mkdir()
+    running = service(tmp_path / "both", target, six, [closed, f"127.0.0.1:{target.port}"])
     context = browser.new_context()
     try:
         page = context.new_page()
@@ -349,14 +352,7 @@ def test_a_probe_target_down_is_said_on_the_page(
         context.close()
         running.stop()
     # The closed port alone: nothing proves a proxy works, none is counted down.
-    (tmp_path / "alone").mkdir()
-    args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "alone" / "leases.db")]
-    args += ["--listen", f"127.0.0.1:{free_port()}", "--probe-interval", "1"]
-    alone = ServiceProcess(
-        [*args, "--probe-target", closed],
-        log_path=tmp_path / "alone.log",
-        env={"DISCOVERY_TOKEN": TOKEN},
-    ).start()
+    alone = service(tmp_path / "alone", target, six, [closed])
     context = browser.new_context()
     try:
         page = context.new_page()
@@ -370,7 +366,6 @@ def test_a_probe_target_down_is_said_on_the_page(
     finally:
         context.close()
         alone.stop()
-    (tmp_path / "quiet").mkdir()
     quiet = service(tmp_path / "quiet", target, [entry("a", squid.port)])
     context = browser.new_context()
     try:

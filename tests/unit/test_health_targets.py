@@ -236,19 +236,22 @@ def test_crawler_errors_still_count_while_the_target_is_down() -> None:
     assert run(running(eng, body)) is Health.UNHEALTHY
 
 
+async def tried_once_a_is_down(eng: HealthEngine, fake: Targets) -> Counter[str]:
+    """Three intervals for A to be judged down (B up), then the targets the
+    probes of the next four intervals tried."""
+    await for_intervals(eng, 3)
+    assert down_gauge(eng, A) == 1.0 and down_gauge(eng, B) == 0.0
+    fake.attempts.clear()
+    await for_intervals(eng, 4)
+    return Counter(target for _, target in fake.attempts)
+
+
 def test_a_down_target_is_tried_after_the_others_and_again_each_interval() -> None:
     fake = Targets({A: upstream()})
     eng = engine(fake, (A, B))
     eng.set_fleet(fleet(40))
 
-    async def body() -> Counter[str]:
-        await for_intervals(eng, 3)
-        assert down_gauge(eng, A) == 1.0 and down_gauge(eng, B) == 0.0
-        fake.attempts.clear()
-        await for_intervals(eng, 4)
-        return Counter(target for _, target in fake.attempts)
-
-    tried = run(running(eng, body))
+    tried = run(running(eng, lambda: tried_once_a_is_down(eng, fake)))
     assert states(eng) == Counter({Health.HEALTHY: 40})
     # Every probe reached B; A was tried first only while its window held
     # too few attempts to judge it again: about MIN_ATTEMPTS an interval, not 40.
@@ -276,14 +279,7 @@ def test_a_target_that_never_answers_holds_only_a_few_probes_as_trials() -> None
     eng = engine(fake, (A, B), timeout=5.0)
     eng.set_fleet(fleet(200))
 
-    async def body() -> Counter[str]:
-        await for_intervals(eng, 3)
-        assert down_gauge(eng, A) == 1.0
-        fake.attempts.clear()
-        await for_intervals(eng, 4)
-        return Counter(target for _, target in fake.attempts)
-
-    tried = run(running(eng, body))
+    tried = run(running(eng, lambda: tried_once_a_is_down(eng, fake)))
     assert states(eng) == Counter({Health.HEALTHY: 200})
     assert tried[A] <= 4 * 2 * MIN_ATTEMPTS, tried
 
