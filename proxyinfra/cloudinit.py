@@ -220,7 +220,7 @@ INSTALL_SQUID = (
 )
 
 
-def _write_file(path: str, content: str, owner: str, permissions: str) -> dict[str, Any]:
+def write_file(path: str, content: str, owner: str, permissions: str) -> dict[str, Any]:
     # defer: written in cloud-init's final stage, after any user `packages`;
     # the proxy group owning the password file is Debian's base-passwd own.
     return {
@@ -235,11 +235,11 @@ def _write_file(path: str, content: str, owner: str, permissions: str) -> dict[s
 def _proxy_config(
     squid_conf: str, password_file_content: str | None, password_file: str, hostname: str | None
 ) -> dict[str, Any]:
-    files = [_write_file(SQUID_CONF_PATH, squid_conf, "root:root", "0644")]
+    files = [write_file(SQUID_CONF_PATH, squid_conf, "root:root", "0644")]
     if password_file_content is not None:
         # Readable by squid's group only: it holds password hashes.
         files.append(
-            _write_file(password_file, password_file_content, f"root:{SQUID_GROUP}", "0640")
+            write_file(password_file, password_file_content, f"root:{SQUID_GROUP}", "0640")
         )
     config: dict[str, Any] = {
         "write_files": files,
@@ -257,7 +257,7 @@ def _reads_password_file(squid_conf: str, password_file: str) -> bool:
     return re.search(line, squid_conf, re.MULTILINE) is not None
 
 
-def _check_auth_consistency(
+def check_auth_consistency(
     squid_conf: str, password_file_content: str | None, password_file: str
 ) -> None:
     # A mismatch would leave squid unable to start, or a password file unused.
@@ -288,17 +288,33 @@ def render_user_data(
         raise ValueError("password_file_content must not be empty (give None for no auth)")
     if hostname is not None:
         check_hostname("hostname", hostname)
-    _check_auth_consistency(squid_conf, password_file_content, password_file)
+    check_auth_consistency(squid_conf, password_file_content, password_file)
     settings = settings or {}
     ours = merge_cloud_config(
         settings, _proxy_config(squid_conf, password_file_content, password_file, hostname)
     )
-    if user_data is None:
-        return _dump(ours)
-    theirs = parse_cloud_config(user_data)
     owned = [SQUID_CONF_PATH]
     if password_file_content is not None:
-        owned.append(posixpath.normpath(password_file))
+        owned.append(password_file)
+    return merge_user_data(ours, user_data, owned, hostname=hostname, settings=settings)
+
+
+def merge_user_data(
+    ours: dict[str, Any],
+    user_data: str | None,
+    owned: list[str],
+    *,
+    hostname: str | None = None,
+    settings: dict[str, Any] | None = None,
+) -> str:
+    """The #cloud-config of `ours` with the user's own merged in. The user's
+    may write none of the `owned` files (nor the settings' own), set another
+    hostname, or set what the provider's `settings` set."""
+    if user_data is None:
+        return _dump(ours)
+    settings = settings or {}
+    theirs = parse_cloud_config(user_data)
+    owned = [posixpath.normpath(path) for path in owned]
     owned += [posixpath.normpath(f["path"]) for f in settings.get("write_files", [])]
     _check_protected(theirs, owned, hostname)
     _check_settings(theirs, settings)

@@ -111,8 +111,9 @@ class GcpDeployer:
             opts=pulumi.ResourceOptions.merge(
                 opts,
                 pulumi.ResourceOptions(
-                    # squid is set up at first boot from these keys: a changed
-                    # config needs a new VM. The name is fixed, so delete first.
+                    # The boot data runs at boot: a change of it needs a new VM
+                    # (squid's own keys change in place, applied by the agent
+                    # on the VM). The name is fixed, so delete first.
                     replace_on_changes=[f'metadata["{key}"]' for key in BOOTSTRAP_KEYS],
                     delete_before_replace=True,
                     depends_on=list(shared.firewall),

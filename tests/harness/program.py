@@ -35,6 +35,9 @@ class RegisteredResource:
     error: str | None  # set when the registration failed
     # URNs it waits for: depends_on and the resources whose outputs its inputs use
     dependencies: list[str] = field(default_factory=list)
+    # Its options the engine acts on at a replacement.
+    replace_on_changes: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
 
 @dataclass(frozen=True)

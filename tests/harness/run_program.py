@@ -156,6 +156,8 @@ class RecordingMonitor(MockMonitor):
             "secret_outputs": [],
             "error": None,
             "dependencies": sorted(request.dependencies),
+            "replace_on_changes": list(request.replaceOnChanges),
+            "delete_before_replace": bool(request.deleteBeforeReplace),
         }
         self._local.urn = urn
         self._local.additional_secrets = list(request.additionalSecretOutputs)

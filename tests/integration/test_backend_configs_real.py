@@ -3,9 +3,9 @@
 The stack program runs once under mocks; then the Kubernetes ConfigMap's
 squid.conf and Secret run in a real squid 5.7 as the container would run
 them (as the unprivileged proxy user, with the container's arguments), the
-GCP startup script runs for real in a private mount namespace, and the GCP
-user-data goes through cloud-init's own schema check. All traffic stays on
-loopback.
+GCP startup script and squid-sync agent pass bash and shellcheck (they run
+in a guest of namespaces in test_gcp_squid_sync.py), and the GCP user-data
+goes through cloud-init's own schema check. All traffic stays on loopback.
 """
 
 from __future__ import annotations
@@ -27,7 +27,16 @@ import bcrypt
 import pytest
 import yaml
 
-from providers.gcp.startup import render_startup_script
+from providers.gcp.squid_sync import (
+    AGENT_PATH,
+    AGENT_SCRIPT,
+    BOOT_COMMANDS,
+    CONF_KEY,
+    PASSWORDS_KEY,
+    UNIT,
+    UNIT_PATH,
+    squid_metadata,
+)
 from providers.kubernetes.container import (
     CONFIG_DIR,
     CONFIG_KEY,
@@ -263,89 +272,25 @@ def startup_script(produced: Produced) -> str:
     return script
 
 
-def test_startup_script_passes_bash_and_shellcheck(produced: Produced, tmp_path: Path) -> None:
-    script = tmp_path / "startup.sh"
-    script.write_text(startup_script(produced))
-    subprocess.run(["bash", "-n", str(script)], check=True)
-    if SHELLCHECK is None:
-        pytest.skip("shellcheck is not installed")
-    result = subprocess.run([SHELLCHECK, str(script)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
-
-
-def run_startup_script(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the script as the guest agent would (root, bash), in a private mount
-    namespace whose /etc/squid is an empty tmpfs; systemctl is a stub that logs."""
-    out = tmp / "out"
-    stubs = tmp / "bin"
-    out.mkdir()
-    stubs.mkdir()
-    (stubs / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {out}/systemctl.log\n')
-    (stubs / "systemctl").chmod(0o755)
-    (tmp / "startup.sh").write_text(script)
-    inside = f"""
-set -e
-mount -t tmpfs -o mode=0755 tmpfs /etc/squid
-code=0
-PATH={stubs}:$PATH bash {tmp}/startup.sh || code=$?
-ls -A /etc/squid > {out}/listing
-for f in /etc/squid/*; do
-    stat -c '%n %a %U %G' "$f" >> {out}/stat
-    cp "$f" {out}/
-done
-exit $code
-"""
-    result = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "bash", "-c", inside],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return result, out
-
-
-@pytest.fixture
-def namespaces() -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare for a private mount namespace")
-    if not Path("/etc/squid").is_dir():
-        pytest.skip("/etc/squid is missing (the mount point)")
-
-
-@pytest.mark.usefixtures("namespaces")
-def test_startup_script_writes_the_files_and_restarts_squid(
+def test_startup_script_and_agent_pass_bash_and_shellcheck(
     produced: Produced, tmp_path: Path
 ) -> None:
-    result, out = run_startup_script(startup_script(produced), tmp_path)
-    assert result.returncode == 0, result.stderr
-    # squid was already installed here, so apt-get was skipped; its own
-    # `squid -k parse` passed (set -e), then squid was (re)started.
-    assert (out / "systemctl.log").read_text() == "enable squid\nrestart squid\n"
-    assert (out / "listing").read_text().split() == ["passwords", "squid.conf"]  # no temp files
-    assert (out / "stat").read_text().splitlines() == [
-        "/etc/squid/passwords 640 root proxy",
-        "/etc/squid/squid.conf 644 root root",
-    ]
-    expected = render_squid_conf(settings_from_config(Squid.model_validate(SQUID_BLOCK)))
-    assert (out / "squid.conf").read_text() == expected
-    user, _, digest = (out / "passwords").read_text().rstrip("\n").partition(":")
-    assert user == "crawler"
-    assert bcrypt.checkpw(produced.password("vm-0").encode(), digest.encode())
-
-
-@pytest.mark.usefixtures("namespaces")
-def test_startup_script_stops_before_restarting_on_a_broken_config(tmp_path: Path) -> None:
-    result, out = run_startup_script(render_startup_script("bogus_directive on\n", None), tmp_path)
-    assert result.returncode != 0
-    assert not (out / "systemctl.log").exists()  # squid keeps running its old config
+    if SHELLCHECK is None:
+        pytest.skip("shellcheck is not installed")
+    for name, text in [("startup.sh", startup_script(produced)), ("agent.sh", AGENT_SCRIPT)]:
+        script = tmp_path / name
+        script.write_text(text)
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        result = subprocess.run([SHELLCHECK, str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
 
 
 def test_user_data_passes_cloud_init_schema_and_squid_parse(
     produced: Produced, tmp_path: Path
 ) -> None:
-    text = produced.inputs("ubuntu-0-instance")["metadata"]["user-data"]
+    metadata = produced.inputs("ubuntu-0-instance")["metadata"]
     user_data = tmp_path / "user-data"
-    user_data.write_text(text)
+    user_data.write_text(metadata["user-data"])
     result = subprocess.run(
         [CLOUD_INIT, "schema", "--config-file", str(user_data)],
         capture_output=True,
@@ -354,22 +299,28 @@ def test_user_data_passes_cloud_init_schema_and_squid_parse(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Valid cloud-config" in result.stdout
-    document = yaml.safe_load(text)
+    document = yaml.safe_load(metadata["user-data"])
+    # The agent and its unit, then what the startup script runs.
     files = {f["path"]: f for f in document["write_files"]}
+    assert files[AGENT_PATH]["content"] == AGENT_SCRIPT
+    assert files[AGENT_PATH]["permissions"] == "0755"
+    assert files[UNIT_PATH]["content"] == UNIT
+    assert document["runcmd"][1] == " && ".join(BOOT_COMMANDS)  # stops at the first failure
+    assert ["touch", "/run/own-user-data"] in document["runcmd"]  # the user's, merged in
+    # squid's files beside it, for the agent.
     conf = tmp_path / "squid.conf"
-    conf.write_text(files["/etc/squid/squid.conf"]["content"])
+    conf.write_text(metadata[CONF_KEY])
     code, findings = squid_parse(conf)
     assert code == 0 and findings == []
-    digest = files["/etc/squid/passwords"]["content"].rstrip("\n").partition(":")[2]
+    digest = metadata[PASSWORDS_KEY].rstrip("\n").partition(":")[2]
     assert bcrypt.checkpw(produced.password("ubuntu-0").encode(), digest.encode())
-    assert ["touch", "/run/own-user-data"] in document["runcmd"]  # the user's, merged in
 
 
-def test_startup_script_refuses_what_would_break_it() -> None:
+def test_squid_metadata_refuses_what_would_break_squid() -> None:
     conf = render_squid_conf(settings_from_config(Squid.model_validate(SQUID_BLOCK)))
-    with pytest.raises(ValueError, match="reads /etc/squid/passwords"):
-        render_startup_script(conf, None)  # squid would not start without the file
-    with pytest.raises(ValueError, match="holds the line 'EGRESS_PROXIES_EOF'"):
-        render_startup_script("http_port 3128\nEGRESS_PROXIES_EOF\n", None)
-    with pytest.raises(ValueError, match="must end with a newline"):
-        render_startup_script("http_port 3128", None)
+    with pytest.raises(ValueError, match="authenticates against /etc/squid/passwords"):
+        squid_metadata(conf, None)  # squid would not start without the file
+    with pytest.raises(ValueError, match="does not read /etc/squid/passwords"):
+        squid_metadata("http_port 3128\n", "crawler:$2b$04$x\n")
+    with pytest.raises(ValueError, match="ending with a newline"):
+        squid_metadata("http_port 3128", None)

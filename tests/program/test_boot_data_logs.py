@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from providers.gcp.squid_sync import CONF_KEY, PASSWORDS_KEY
 from providers.kvm.seeddocs import unpacked
 from tests.harness.program import ProgramResult, run_program
 from tests.support.logcapture import ENV_LOG_FILE, leaks, telling_lines
@@ -75,10 +76,11 @@ def secrets_of(result: ProgramResult) -> list[str]:
         elif resource.type == INSTANCE:
             metadata = resource.inputs["metadata"]
             documents += [metadata.get("user-data", ""), metadata.get("startup-script", "")]
+            documents += [metadata[CONF_KEY], metadata[PASSWORDS_KEY]]
         elif resource.type == SECRET:
             documents.append(resource.inputs["stringData"]["passwords"])
     assert len(found) == 2 + 2 * 4  # a password and a hash for each of the four proxies
-    assert len(documents) == 2 + 2 * 2 + 1  # a seed, two instances, a Secret
+    assert len(documents) == 2 + 2 * 4 + 1  # a seed, two instances, a Secret
     return found + [line for document in documents for line in telling_lines(document)]
 
 

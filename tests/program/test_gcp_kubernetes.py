@@ -17,10 +17,11 @@ import jsonschema
 import pytest
 import yaml
 
+from providers.gcp.bootstrap import BOOTSTRAP_KEYS, render_user_data
 from providers.gcp.labels import network_tag
+from providers.gcp.squid_sync import squid_metadata
 from providers.gcp.startup import render_startup_script
 from providers.kubernetes.container import SQUID_ARGS, container_settings
-from proxyinfra.cloudinit import render_user_data
 from proxyinfra.config import Squid
 from proxyinfra.fleet import PROXY_TYPE
 from proxyinfra.manifest import load_schema
@@ -286,19 +287,35 @@ def test_boot_metadata_is_secret_and_from_the_shared_renderers(fleet: ProgramRes
     squid_conf = render_squid_conf(settings_from_config(Squid.model_validate(SQUID)))
     for instance in instances.values():
         assert "metadata" in instance.secret_inputs
-    # Debian's images have no cloud-init: a startup script.
+    shared = {"enable-oslogin": "TRUE", "enable-guest-attributes": "TRUE"}
+    # Debian's images have no cloud-init: a startup script, the same for every proxy.
     debian = instances["eu-0-instance"].inputs["metadata"]
     line = password_file_line("crawler", creds["eu-0"][1])
     assert debian == {
-        "enable-oslogin": "TRUE",
-        "startup-script": render_startup_script(squid_conf, line),
+        **shared,
+        "startup-script": render_startup_script(),
+        **squid_metadata(squid_conf, line),
     }
     # Ubuntu's have: user-data, with the user's own cloud-config merged.
     ubuntu = instances["eu-ubuntu-0-instance"].inputs["metadata"]
     line = password_file_line("crawler", creds["eu-ubuntu-0"][1])
-    expected = render_user_data(squid_conf, line, OWN_USER_DATA, hostname=pid("eu-ubuntu-0"))
-    assert ubuntu == {"enable-oslogin": "TRUE", "user-data": expected}
+    expected = render_user_data(OWN_USER_DATA, hostname=pid("eu-ubuntu-0"))
+    assert ubuntu == {**shared, "user-data": expected, **squid_metadata(squid_conf, line)}
     assert "curl" in yaml.safe_load(expected)["packages"]
+
+
+def test_only_the_boot_data_replaces_an_instance(fleet: ProgramResult) -> None:
+    """squid's keys change in place (the agent on the VM applies them), so the
+    replacement is asked for on the boot data's keys alone; the name is fixed,
+    so the old VM goes first."""
+    instances = by_name(fleet, INSTANCE)
+    keys = [f'metadata["{key}"]' for key in BOOTSTRAP_KEYS]
+    assert keys == ['metadata["user-data"]', 'metadata["startup-script"]']
+    for instance in instances.values():
+        assert (instance.replace_on_changes, instance.delete_before_replace) == (keys, True)
+    # The boot data holds nothing of a proxy's own: two proxies, one script.
+    scripts = {i.inputs["metadata"].get("startup-script") for i in instances.values()}
+    assert scripts == {None, render_startup_script()}
 
 
 # --- kubernetes ------------------------------------------------------------------

@@ -140,13 +140,14 @@ def listed_packages() -> dict[str, str]:
 
 
 def shell_scripts() -> list[Path]:
-    """Every bash script of the project (by its #! line), and the libraries
-    they source (scripts/lib/*.sh)."""
+    """Every bash script of the project (by its #! line), the libraries
+    they source (scripts/lib/*.sh), and the scripts a backend puts on its
+    VMs, which the tests run too (providers/*/*.sh)."""
     found = []
     for path in sorted([*ROOT.glob("scripts/*"), *ROOT.glob(".ci/*")]):
         if path.is_file() and path.read_bytes()[:64].startswith(b"#!/usr/bin/env bash"):
             found.append(path)
-    return found + sorted(ROOT.glob("scripts/lib/*.sh"))
+    return found + sorted(ROOT.glob("scripts/lib/*.sh")) + sorted(ROOT.glob("providers/*/*.sh"))
 
 
 _SOURCED = re.compile(r'^\s*(?:\.|source)\s+"?\$ROOT/(scripts/lib/[\w.-]+\.sh)"?', re.MULTILINE)

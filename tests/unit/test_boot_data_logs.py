@@ -20,6 +20,7 @@ import pytest
 
 from providers.gcp.bootstrap import render_metadata
 from providers.gcp.config import GcpImage, image_bootstrap
+from providers.gcp.squid_sync import CONF_KEY, PASSWORDS_KEY
 from providers.kvm.seediso import SeedArgs, SeedIsoProvider
 from proxyinfra import logs
 from proxyinfra.backend import Credentials, ProxyRequest
@@ -134,6 +135,6 @@ def test_gcp_boot_metadata_logs_none_of_it(tmp_path: Path, image: str, key: str)
     request = gcp_request(tmp_path, image)
     with every_record() as texts:
         metadata = render_metadata(request, GcpImage(image=image), HASH)
-    boot = metadata[key]
-    assert HASH in boot
-    assert leaks(texts, [*SECRETS, *telling_lines(boot)]) == []
+    assert HASH in metadata[PASSWORDS_KEY]
+    documents = [metadata[key], metadata[CONF_KEY], metadata[PASSWORDS_KEY]]
+    assert leaks(texts, [*SECRETS, *(line for d in documents for line in telling_lines(d))]) == []

@@ -1,0 +1,218 @@
+"""A GCP proxy's squid changes in place: the startup script, the squid-sync
+agent and a real squid in a guest of namespaces (tests/support/gce_guest.py),
+against a metadata server on loopback (tests/support/gce_metadata.py).
+
+The stack changes squid's metadata keys of an instance in place; these
+tests show what the VM makes of it: the same squid process serving the new
+config within seconds, a config squid refuses never applied, and what was
+applied reported in the guest attributes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import bcrypt
+import pytest
+
+from providers.gcp.squid_sync import AGENT_PATH, UNIT_PATH, squid_digest, squid_metadata
+from providers.gcp.startup import render_startup_script
+from proxyinfra.squid import SquidSettings, password_file_line, render_squid_conf
+from tests.support.gce_guest import Guest
+from tests.support.gce_metadata import MetadataServer
+from tests.support.squid import EchoServer, connect_status, free_port
+
+pytestmark = pytest.mark.integration
+
+USER = "crawler"
+BOOT = {
+    "enable-oslogin": "TRUE",
+    "enable-guest-attributes": "TRUE",
+    "startup-script": render_startup_script(),
+}
+# Within this the agent has applied a change (it is told at once; squid's
+# reload takes about a second).
+APPLIED_WITHIN_S = 30.0
+
+
+def settings(port: int, **overrides: object) -> SquidSettings:
+    values: dict[str, object] = {
+        "allowed_clients": ("127.0.0.1/32",),
+        "connect_ports": ("1025-65535",),
+        "blocked_destinations": (),
+        "auth_username": USER,
+        "port": port,
+        "listen_address": "127.0.0.1",
+    }
+    return SquidSettings(**(values | overrides))  # type: ignore[arg-type]
+
+
+def passwords_of(password: str) -> str:
+    return password_file_line(USER, bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode())
+
+
+def metadata(squid: SquidSettings, passwords: str | None) -> dict[str, str]:
+    return {**BOOT, **squid_metadata(render_squid_conf(squid), passwords)}
+
+
+def wait_for(what: str, check: Callable[[], bool], guest: Guest) -> None:
+    deadline = time.monotonic() + APPLIED_WITHIN_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{what}: not within {APPLIED_WITHIN_S} s\n{guest.log('agent.log')}"
+            )
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def server() -> Iterator[MetadataServer]:
+    md = MetadataServer()
+    yield md
+    md.close()
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[EchoServer]:
+    server = EchoServer()
+    yield server
+    server.close()
+
+
+def listed(guest: Guest) -> list[str]:
+    return guest.run("ls", "-A", "/etc/squid").stdout.split()
+
+
+def status(port: int, echo: EchoServer, password: str | None) -> int:
+    creds = (USER, password) if password is not None else None
+    try:
+        return connect_status("127.0.0.1", port, f"127.0.0.1:{echo.port}", creds)
+    except OSError:
+        return 0  # not listening (yet, or for the moment of a reload)
+
+
+def test_a_squid_change_is_applied_in_place_by_the_agent(
+    server: MetadataServer, echo: EchoServer
+) -> None:
+    port = free_port()
+    first = settings(port)
+    server.set(metadata(first, passwords_of("first-pass")))
+    with Guest(render_startup_script(), server.host) as guest:
+        assert guest.boot_status() == 0, guest.log()
+        # At boot: the agent wrote squid's files, squid restarted on them, the agent watches.
+        assert guest.systemctl_calls() == [
+            "enable squid",
+            "restart squid",
+            "daemon-reload",
+            "enable --now egress-proxies-squid-sync.service",
+        ]
+        listing = guest.run(
+            "stat",
+            "-c",
+            "%n %a %U %G",
+            "/etc/squid/squid.conf",
+            "/etc/squid/passwords",
+            AGENT_PATH,
+            UNIT_PATH,
+        )
+        assert listing.stdout.splitlines() == [
+            "/etc/squid/squid.conf 644 root root",
+            "/etc/squid/passwords 640 root proxy",
+            f"{AGENT_PATH} 755 root root",
+            f"{UNIT_PATH} 644 root root",
+        ]
+        # Nothing left beside them once the agent's first look (a no-op) is done.
+        wait_for("no leftovers", lambda: listed(guest) == ["passwords", "squid.conf"], guest)
+        wait_for("squid serving", lambda: status(port, echo, "first-pass") == 200, guest)
+        pid = guest.squid_pid()
+        assert pid is not None
+
+        # connectPorts narrowed: the same squid refuses the echo server's port.
+        narrowed = replace(first, connect_ports=("443",))
+        server.set(metadata(narrowed, passwords_of("first-pass")))
+        wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
+        assert guest.read("/etc/squid/squid.conf") == render_squid_conf(narrowed)
+        assert guest.squid_pid() == pid
+
+        # A new password with the ports opened again: the old one is refused.
+        new = passwords_of("second-pass")
+        server.set(metadata(first, new))
+        wait_for("new password", lambda: status(port, echo, "second-pass") == 200, guest)
+        assert status(port, echo, "first-pass") == 407
+        assert guest.squid_pid() == pid
+        applied = squid_digest(render_squid_conf(first), new)
+        wait_for(
+            "the digest reported",
+            lambda: server.guest_attribute("egress-proxies/squid-sha256") == applied,
+            guest,
+        )
+        assert server.guest_attribute("egress-proxies/squid-error") == ""
+
+        # Auth taken away: the password file goes with it.
+        open_settings = replace(first, auth_username=None)
+        server.set(metadata(open_settings, None))
+        wait_for("auth removed", lambda: status(port, echo, None) == 200, guest)
+        assert guest.read("/etc/squid/passwords") is None
+        assert guest.squid_pid() == pid
+
+
+def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: EchoServer) -> None:
+    port = free_port()
+    good = settings(port, auth_username=None)
+    server.set(metadata(good, None))
+    with Guest(render_startup_script(), server.host) as guest:
+        assert guest.boot_status() == 0, guest.log()
+        wait_for("squid serving", lambda: status(port, echo, None) == 200, guest)
+        conf = guest.read("/etc/squid/squid.conf")
+        broken = render_squid_conf(good) + "bogus_directive on\n"
+        server.set(
+            {
+                **BOOT,
+                "egress-proxies-squid-conf": broken,
+                "egress-proxies-squid-sha256": squid_digest(broken, None),
+            }
+        )
+        wait_for(
+            "the refusal reported",
+            lambda: (
+                "bogus_directive" in (server.guest_attribute("egress-proxies/squid-error") or "")
+            ),
+            guest,
+        )
+        assert "squid refused the new squid.conf" in guest.log("agent.log")
+        assert guest.read("/etc/squid/squid.conf") == conf
+        wait_for("no leftovers", lambda: listed(guest) == ["squid.conf"], guest)
+        assert status(port, echo, None) == 200
+
+        # Files that do not match their digest (read while the metadata moved) wait.
+        narrowed = render_squid_conf(replace(good, connect_ports=("443",)))
+        server.set(
+            {
+                **BOOT,
+                "egress-proxies-squid-conf": narrowed,
+                "egress-proxies-squid-sha256": squid_digest(conf or "", None),
+            }
+        )
+        wait_for("the mismatch seen", lambda: "do not match" in guest.log("agent.log"), guest)
+        assert guest.read("/etc/squid/squid.conf") == conf
+        # Then the digest that goes with them: applied.
+        server.set(metadata(replace(good, connect_ports=("443",)), None))
+        wait_for("ports narrowed", lambda: status(port, echo, None) == 403, guest)
+
+
+def test_a_boot_on_a_config_squid_refuses_stops_before_squid(server: MetadataServer) -> None:
+    broken = "bogus_directive on\n"
+    server.set(
+        {
+            **BOOT,
+            "egress-proxies-squid-conf": broken,
+            "egress-proxies-squid-sha256": squid_digest(broken, None),
+        }
+    )
+    with Guest(render_startup_script(), server.host) as guest:
+        assert guest.boot_status() != 0
+        assert "bogus_directive" in guest.log()
+        assert guest.systemctl_calls() == []  # squid keeps what it had
+        assert guest.read("/etc/squid/squid.conf") is None

@@ -1,0 +1,142 @@
+"""A GCE metadata server on 127.0.0.1, as much of it as a proxy VM uses.
+
+GCP itself cannot be reached from the build machines, so this answers the
+way Compute Engine's metadata server is documented to:
+
+- `GET /computeMetadata/v1/instance/attributes/KEY` with the header
+  `Metadata-Flavor: Google` (403 without it): the value and an `ETag`
+  header; 404 for a key the instance does not have;
+- `?wait_for_change=true&last_etag=E&timeout_sec=N`: answers at once when
+  the value's ETag differs from E, else holds the request until it does or
+  N seconds pass, then answers with the value it has;
+- `PUT /computeMetadata/v1/instance/guest-attributes/NAMESPACE/KEY`: stored
+  when the metadata has `enable-guest-attributes: TRUE`, else 403.
+
+Metadata is replaced whole, as `instances.setMetadata` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+ATTRIBUTES = "/computeMetadata/v1/instance/attributes/"
+GUEST_ATTRIBUTES = "/computeMetadata/v1/instance/guest-attributes/"
+_MAX_WAIT_S = 3600.0
+
+
+def etag(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+class MetadataServer:
+    """The server, in a thread; `host` is what GCE_METADATA_HOST takes."""
+
+    def __init__(self, metadata: dict[str, str] | None = None) -> None:
+        self._metadata = dict(metadata or {})
+        self._changed = threading.Condition()
+        self.guest_attributes: dict[str, str] = {}
+        self._closing = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    def set(self, metadata: dict[str, str]) -> None:
+        """Replace the instance's metadata, waking the requests that wait on it."""
+        with self._changed:
+            self._metadata = dict(metadata)
+            self._changed.notify_all()
+
+    def guest_attribute(self, name: str) -> str | None:
+        with self._changed:
+            return self.guest_attributes.get(name)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _get(self, key: str, query: dict[str, list[str]]) -> str | None:
+        waits = query.get("wait_for_change", [""])[0] == "true"
+        last = query.get("last_etag", [""])[0]
+        timeout = min(float(query.get("timeout_sec", [_MAX_WAIT_S])[0]), _MAX_WAIT_S)
+        with self._changed:
+            if waits:
+                self._changed.wait_for(
+                    lambda: self._closing or etag(self._metadata.get(key, "")) != last, timeout
+                )
+            return self._metadata.get(key)
+
+    def _put(self, name: str, value: str) -> bool:
+        with self._changed:
+            if self._metadata.get("enable-guest-attributes") != "TRUE":
+                return False
+            self.guest_attributes[name] = value
+            return True
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: str = "", tag: str | None = None) -> None:
+                # OSError: the client went away (a guest closed while it waited).
+                with contextlib.suppress(OSError):
+                    self._send(status, body.encode(), tag)
+
+            def _send(self, status: int, data: bytes, tag: str | None) -> None:
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Type", "application/text")
+                self.send_header("Content-Length", str(len(data)))
+                if tag is not None:
+                    self.send_header("ETag", tag)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _flavored(self) -> bool:
+                if self.headers.get("Metadata-Flavor") == "Google":
+                    return True
+                self._answer(403, "Missing Metadata-Flavor:Google header.")
+                return False
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                if not self._flavored():
+                    return
+                if not url.path.startswith(ATTRIBUTES):
+                    self._answer(404)
+                    return
+                value = server._get(url.path[len(ATTRIBUTES) :], parse_qs(url.query))
+                if value is None:
+                    self._answer(404)
+                else:
+                    self._answer(200, value, etag(value))
+
+            def do_PUT(self) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode()
+                if not self._flavored():
+                    return
+                if not url.path.startswith(GUEST_ATTRIBUTES):
+                    self._answer(404)
+                elif server._put(url.path[len(GUEST_ATTRIBUTES) :], body):
+                    self._answer(200)
+                else:
+                    self._answer(403, "Guest attributes endpoint access is disabled.")
+
+        return Handler
