@@ -16,7 +16,11 @@ from proxyinfra.validation import ConfigError
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="python -m proxyinfra", description=__doc__)
+    root = argparse.ArgumentParser(
+        prog="python -m proxyinfra",
+        description="Operator commands beside `pulumi`, run from the project directory. "
+        "Each takes --help.",
+    )
     root.add_argument(
         "--project-dir", type=Path, default=Path.cwd(), help="where Pulumi.yaml is (default: .)"
     )

@@ -1,10 +1,11 @@
 """Rolling changes: a change that replaces a group's proxies takes at most
 ``maxUnavailable`` of them down at once.
 
-A kvm proxy's machine and volumes have fixed names, so its replacement
-deletes it first (the user's userData, an image, a machine type: every
-replica of the group at once; new squid settings go in place instead,
-providers/kvm/squidpush.py). Here each replica waits, before the resources whose
+A kvm proxy's machine and volumes, and a gcp proxy's instance, have fixed
+names, so a replacement deletes the proxy first (the user's userData, an
+image, a machine type: every replica of the group at once; new squid
+settings go in place instead, providers/kvm/squidpush.py and
+providers/gcp/squid_sync.py). Here each replica waits, before the resources whose
 replacement takes it down are registered, until the replica
 ``maxUnavailable`` places before it in its group has its address: the
 engine then replaces the group ``maxUnavailable`` replicas at a time, each
@@ -72,3 +73,12 @@ def gate(ready: pulumi.Output[Any] | None) -> pulumi.Output[str]:
         return ""
 
     return pulumi.Output.from_input(wait())
+
+
+def gated(value: Any, after: Any | None) -> Any:
+    """VALUE (an input), resolved only once AFTER (a ``gate``) is: the program
+    registers the resource then. The same value, so no diff sees it, and no
+    key of its own in the state; AFTER brings no dependency."""
+    if after is None:
+        return value
+    return pulumi.Output.all(after, value).apply(lambda both: both[1])

@@ -310,7 +310,7 @@ def _check_proxies(
             c.add(
                 f"{path}.maxUnavailable",
                 f"not used by {provider.type} proxies: only a backend whose replacements "
-                "delete first (kvm) replaces a group's proxies in turn",
+                "delete first (kvm, gcp) replaces a group's proxies in turn",
             )
         backend.check_proxy(proxy, provider, {}, path, c)
         names = replica_names(proxy, backend.provisions)

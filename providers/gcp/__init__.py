@@ -26,8 +26,8 @@ class GcpBackend:
     entry_model: builtins.type[ProviderEntry] = GcpProviderEntry
     provisions = True
     takes_user_data = True
-    # Not yet: an instance takes no input of our own to wait on (docs/gcp-provider.md).
-    rolls = False
+    # An instance's name is fixed: a replacement deletes it first.
+    rolls = True
     adopts_leftovers = False  # a lost instance is an orphan that costs money
     plugin: Plugin | None = sdk_plugin("pulumi_gcp")
     pattern_words: Mapping[str, str] = {

@@ -16,6 +16,7 @@ from providers.gcp.config import GcpProviderEntry
 from providers.gcp.firewall import firewall_rules
 from providers.gcp.labels import network_tag, proxy_labels
 from proxyinfra.backend import Endpoint, ProxyRequest
+from proxyinfra.rollout import gated
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class GcpDeployer:
             )
         instance = gcp.compute.Instance(
             f"{replica.name}-instance",
-            name=request.id,
+            # Held back until the replica before it in its group has its address
+            # again: a replacement deletes the instance first (proxyinfra/rollout.py).
+            name=gated(request.id, request.after),
             zone=zone,
             machine_type=placement.machine_type,
             boot_disk=gcp.compute.InstanceBootDiskArgs(
@@ -120,9 +123,7 @@ class GcpDeployer:
                 ),
             ),
         )
-        host = (
-            address.address
-            if address is not None
-            else instance.network_interfaces.apply(_external_ip)
-        )
+        # From the instance even with a static address (its NAT IP is that
+        # address): the next replica of a rolling replacement waits for it.
+        host = instance.network_interfaces.apply(_external_ip)
         return Endpoint.of(request, host, zone)

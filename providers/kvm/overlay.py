@@ -35,7 +35,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg, is_unknown
 from providers.kvm.capacity import size_bytes
 from providers.kvm.errors import HostError, HostResourceMissing
-from providers.kvm.resource import VolumeProvider, gated
+from providers.kvm.resource import VolumeProvider
 from providers.kvm.volumes import (
     GIB,
     VolumeInfo,
@@ -46,6 +46,7 @@ from providers.kvm.volumes import (
     require_space,
     volume_xml,
 )
+from proxyinfra.rollout import gated
 from proxyinfra.stacktrace import short_stack_trace
 
 FORMATS = ("qcow2", "raw")
@@ -271,7 +272,7 @@ def _whole_gb(value: Any) -> bool:
 class Overlay(pulumi.dynamic.Resource):
     """A proxy's disk: inputs ``host``, ``name``, ``basePath``, ``baseFormat``,
     ``sizeGb``; outputs those plus ``path`` and ``capacity`` (bytes). AFTER
-    holds its registration back (providers.kvm.resource.gated)."""
+    holds its registration back (proxyinfra.rollout.gated)."""
 
     path: pulumi.Output[str]
     capacity: pulumi.Output[float]

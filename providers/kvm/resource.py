@@ -14,7 +14,6 @@ import logging
 import threading
 from typing import Any
 
-import pulumi
 from pulumi.dynamic import ResourceProvider
 
 from providers.kvm import simulated
@@ -23,15 +22,6 @@ from providers.kvm.connection import LibvirtSource, source, use_connector
 from proxyinfra import logs
 
 log = logging.getLogger("kvm")
-
-
-def gated(value: Any, after: Any | None) -> Any:
-    """VALUE (an input), resolved only once AFTER is (proxyinfra/rollout.py):
-    the program registers the resource then. The same value, so no diff
-    sees it, and no key of its own in the state; AFTER brings no dependency."""
-    if after is None:
-        return value
-    return pulumi.Output.all(after, value).apply(lambda both: both[1])
 
 
 _started = False

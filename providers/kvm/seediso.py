@@ -45,7 +45,7 @@ from pulumi.dynamic import (
 from providers.kvm.access import HostAccess
 from providers.kvm.args import Change, Made, ResourceArgs, arg, is_unknown
 from providers.kvm.iso import build_nocloud_iso
-from providers.kvm.resource import VolumeProvider, gated
+from providers.kvm.resource import VolumeProvider
 from providers.kvm.seeddocs import (
     DIGEST,
     DIGESTS,
@@ -66,6 +66,7 @@ from providers.kvm.volumes import (
     upload,
     volume_xml,
 )
+from proxyinfra.rollout import gated
 from proxyinfra.stacktrace import short_stack_trace
 
 SECRET_OUTPUTS = ["userData", "vendorData", "networkConfig", "sha256", DIGEST, DIGESTS]
@@ -207,7 +208,7 @@ class SeedIso(pulumi.dynamic.Resource):
     """The NoCloud seed: inputs ``host``, ``name``, ``userData``, ``metaData``,
     ``vendorData``, ``networkConfig``, sent packed as one secret input
     ``documents`` (providers/kvm/seeddocs.py); AFTER holds its registration
-    back (providers.kvm.resource.gated); outputs ``host``, ``name``,
+    back (proxyinfra.rollout.gated); outputs ``host``, ``name``,
     ``path``, ``size`` (bytes), ``sha256`` of the ISO and ``digest`` of the
     documents (both secret)."""
 
