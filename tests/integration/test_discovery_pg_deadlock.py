@@ -6,7 +6,8 @@ Here the cycle is made on purpose, on a real replica and a real PostgreSQL:
 another session locks the lease's proxy row; the release ends the lease row
 and waits for the proxy row; the other session then wants the lease row.
 PostgreSQL finds the cycle after `deadlock_timeout` in the release's session,
-which waited first, and aborts the release; the other session rolls back."""
+which waited first (the other session's own timeout is set far longer), and
+aborts the release; the other session rolls back."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ def test_a_release_aborted_to_break_a_deadlock_is_run_again(
             lease = client.post("/v1/leases", json={"holder": "h"}).json()
             other = psycopg.connect(database)
             other.execute("SET statement_timeout = '20s'")
+            # Its own check for the cycle long after the release's (1 s, the
+            # default): on a busy machine the release's session may otherwise
+            # run its check late, find the cycle second and abort this one.
+            other.execute("SET deadlock_timeout = '10s'")
             # The lease's proxy row, locked by another session's open transaction.
             other.execute(
                 "UPDATE discovery_proxies SET last_used = last_used WHERE name = %s",

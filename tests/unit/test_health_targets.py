@@ -206,9 +206,11 @@ def test_a_few_proxies_that_cannot_reach_the_target_are_unhealthy() -> None:
 
 
 def test_a_fleet_too_small_to_tell_counts_its_failures() -> None:
-    # Fewer attempts per interval than MIN_ATTEMPTS, even in the first interval
-    # (each proxy probed at once and again within it): no judgement of the target.
-    size = (MIN_ATTEMPTS - 1) // 2
+    # Fewer attempts in any window than MIN_ATTEMPTS, even in the first
+    # interval, where a proxy's probes can fall three in one window (at once,
+    # at a random point of the interval, and a period after that one, which
+    # may come before the interval has passed): no judgement of the target.
+    size = (MIN_ATTEMPTS - 1) // 3
     fake = Targets({A: upstream()})
     eng = engine(fake, (A,))
     eng.set_fleet(fleet(size))
