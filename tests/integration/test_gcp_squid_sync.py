@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import replace
 
 import bcrypt
@@ -99,7 +100,7 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
     port = free_port()
     first = settings(port)
     server.set(metadata(first, passwords_of("first-pass")))
-    with Guest(render_startup_script(), server.host) as guest:
+    with closing(Guest(render_startup_script(), server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         # At boot: the agent wrote squid's files, squid restarted on them, the agent watches.
         assert guest.systemctl_calls() == [
@@ -162,7 +163,7 @@ def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: E
     port = free_port()
     good = settings(port, auth_username=None)
     server.set(metadata(good, None))
-    with Guest(render_startup_script(), server.host) as guest:
+    with closing(Guest(render_startup_script(), server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         wait_for("squid serving", lambda: status(port, echo, None) == 200, guest)
         conf = guest.read("/etc/squid/squid.conf")
@@ -211,7 +212,7 @@ def test_a_boot_on_a_config_squid_refuses_stops_before_squid(server: MetadataSer
             "egress-proxies-squid-sha256": squid_digest(broken, None),
         }
     )
-    with Guest(render_startup_script(), server.host) as guest:
+    with closing(Guest(render_startup_script(), server.host)) as guest:
         assert guest.boot_status() != 0
         assert "bogus_directive" in guest.log()
         assert guest.systemctl_calls() == []  # squid keeps what it had

@@ -19,7 +19,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 EMPTY_DIRS = (
     "/etc/squid",
@@ -70,7 +69,8 @@ exec sleep infinity
 
 
 class Guest:
-    """One boot of a startup script; `run` runs a command inside the guest."""
+    """One boot of a startup script; `run` runs a command inside the guest.
+    Use it with `contextlib.closing`."""
 
     def __init__(self, startup_script: str, metadata_host: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="egress-gce-guest-"))
@@ -137,14 +137,3 @@ class Guest:
         self._unshare.kill()
         self._unshare.wait()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Guest:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
