@@ -20,15 +20,17 @@ KEY=egress-proxies-squid
 CONF=/etc/squid/squid.conf
 PASSWORDS=/etc/squid/passwords
 GROUP=proxy
+READ_ETAG= # set by apply
 
 say() { echo "egress-proxies-squid-sync: $*" >&2; }
 
 md() { curl -sS --retry 5 --retry-connrefused --max-time 30 -H 'Metadata-Flavor: Google' "$@"; }
 
-# get NAME FILE: one attribute into FILE. 0 read, 1 absent, 2 unreachable.
+# get NAME FILE [HEADERS]: one attribute into FILE (its answer's headers
+# into HEADERS). 0 read, 1 absent, 2 unreachable.
 get() {
   local code
-  code=$(md -o "$2" -w '%{http_code}' "$MD/attributes/$1") || return 2
+  code=$(md -o "$2" -D "${3:-/dev/null}" -w '%{http_code}' "$MD/attributes/$1") || return 2
   case $code in
     200) return 0 ;;
     404) rm -f "$2" && return 1 ;;
@@ -65,13 +67,19 @@ move_in() {
   chown root:root "$1/conf" && chmod 0644 "$1/conf" && mv -f "$1/conf" "$CONF"
 }
 
+etag_of() { sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$1"; }
+
 # apply: 0 applied (or nothing to do), 1 refused or unreadable, 3 read while
-# the metadata changed (read again).
+# the metadata changed (read again). READ_ETAG: the ETag of the digest it
+# read, the version it acted on, which the watch waits to change from (not
+# the ETag that woke it: the metadata may have moved on, or back, since).
 apply() {
   local dir want got out code=0
+  READ_ETAG=
   # Beside the files, so that each moves into place by rename.
   dir=$(mktemp -d /etc/squid/.sync.XXXXXX) || return 1
-  get "$KEY-sha256" "$dir/want" || code=$?
+  get "$KEY-sha256" "$dir/want" "$dir/headers" || code=$?
+  [ "$code" = 0 ] && READ_ETAG=$(etag_of "$dir/headers")
   [ "$code" = 0 ] && { get "$KEY-conf" "$dir/conf" || code=$?; }
   if [ "$code" = 0 ]; then
     get "$KEY-passwords" "$dir/passwords" || { [ $? = 1 ] || code=2; }
@@ -137,7 +145,7 @@ watch() {
     code=$(curl -sS --max-time 330 -o /dev/null -D "$headers" -w '%{http_code}' \
       -H 'Metadata-Flavor: Google' \
       "$MD/attributes/$KEY-sha256?wait_for_change=true&timeout_sec=300&last_etag=$etag") || code=000
-    next=$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$headers")
+    next=$(etag_of "$headers")
     if [ "$code" != 200 ] || [ -z "$next" ]; then
       say "waiting for $KEY-sha256 in the metadata (answer $code)"
       sleep 5
@@ -146,7 +154,12 @@ watch() {
     [ "$next" = "$etag" ] && continue
     # A refused config is not tried again until the metadata changes.
     apply_settled || true
-    etag=$next
+    if [ -z "$READ_ETAG" ]; then
+      sleep 5 # the digest could not be read: try again
+      etag=none
+    else
+      etag=$READ_ETAG
+    fi
   done
 }
 

@@ -18,7 +18,13 @@ from dataclasses import replace
 import bcrypt
 import pytest
 
-from providers.gcp.squid_sync import AGENT_PATH, UNIT_PATH, squid_digest, squid_metadata
+from providers.gcp.squid_sync import (
+    AGENT_PATH,
+    DIGEST_KEY,
+    UNIT_PATH,
+    squid_digest,
+    squid_metadata,
+)
 from providers.gcp.startup import render_startup_script
 from proxyinfra.squid import SquidSettings, password_file_line, render_squid_conf
 from tests.support.gce_guest import Guest
@@ -201,6 +207,35 @@ def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: E
         # Then the digest that goes with them: applied.
         server.set(metadata(replace(good, connect_ports=("443",)), None))
         wait_for("ports narrowed", lambda: status(port, echo, None) == 403, guest)
+
+
+def test_a_change_undone_and_redone_while_the_agent_reads_is_applied(
+    server: MetadataServer, echo: EchoServer
+) -> None:
+    """The agent waits for the metadata to move on from the version it read,
+    not from the one that woke it: woken by B, it reads A (B undone
+    meanwhile), and B back before it waits again must still be taken."""
+    port = free_port()
+    first = settings(port, auth_username=None)
+    narrowed = replace(first, connect_ports=("443",))
+    reported = "egress-proxies/squid-sha256"
+    server.set(metadata(first, None))
+    with closing(Guest(render_startup_script(), server.host)) as guest:
+        assert guest.boot_status() == 0, guest.log()
+        wait_for("squid serving", lambda: status(port, echo, None) == 200, guest)
+        applied = squid_digest(render_squid_conf(first), None)
+        wait_for("the watch under way", lambda: server.guest_attribute(reported) == applied, guest)
+        server.hold(DIGEST_KEY)
+        server.set(metadata(narrowed, None))  # B wakes the agent...
+        assert server.held(DIGEST_KEY, APPLIED_WITHIN_S), guest.log("agent.log")
+        server.set(metadata(first, None))  # ...which reads A: B undone meanwhile
+        server.hold(reported)
+        server.release(DIGEST_KEY)
+        # It found A in place and reports it; before it waits again, B is back.
+        assert server.held(reported, APPLIED_WITHIN_S), guest.log("agent.log")
+        server.set(metadata(narrowed, None))
+        server.release(reported)
+        wait_for("B taken the second time", lambda: status(port, echo, None) == 403, guest)
 
 
 def test_a_boot_on_a_config_squid_refuses_stops_before_squid(server: MetadataServer) -> None:

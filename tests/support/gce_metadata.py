@@ -12,7 +12,9 @@ way Compute Engine's metadata server is documented to:
 - `PUT /computeMetadata/v1/instance/guest-attributes/NAMESPACE/KEY`: stored
   when the metadata has `enable-guest-attributes: TRUE`, else 403.
 
-Metadata is replaced whole, as `instances.setMetadata` does.
+Metadata is replaced whole, as `instances.setMetadata` does. A test may
+`hold` the plain reads of a key (not the waits), or the writes of a guest
+attribute, to change the metadata at a point of the guest's work it chooses.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class MetadataServer:
         self._metadata = dict(metadata or {})
         self._changed = threading.Condition()
         self.guest_attributes: dict[str, str] = {}
+        self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
         self._closing = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -56,6 +59,30 @@ class MetadataServer:
             self._metadata = dict(metadata)
             self._changed.notify_all()
 
+    def hold(self, name: str) -> None:
+        """Plain reads of the key NAME, or writes of the guest attribute NAME
+        (`namespace/key`), wait from now on, until `release`."""
+        with self._changed:
+            self._holds[name] = (threading.Event(), threading.Event())
+
+    def held(self, name: str, timeout: float) -> bool:
+        """Whether a request for NAME came and is waiting (within TIMEOUT)."""
+        return self._holds[name][0].wait(timeout)
+
+    def release(self, name: str) -> None:
+        """The held requests for NAME go on, on the metadata as it is then."""
+        with self._changed:
+            _, go = self._holds.pop(name)
+        go.set()
+
+    def _wait_if_held(self, name: str) -> None:
+        with self._changed:
+            hold = self._holds.get(name)
+        if hold is not None:
+            came, go = hold
+            came.set()
+            go.wait(60)
+
     def guest_attribute(self, name: str) -> str | None:
         with self._changed:
             return self.guest_attributes.get(name)
@@ -64,6 +91,9 @@ class MetadataServer:
         with self._changed:
             self._closing = True
             self._changed.notify_all()
+            holds, self._holds = list(self._holds.values()), {}
+        for _, go in holds:
+            go.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -71,6 +101,8 @@ class MetadataServer:
         waits = query.get("wait_for_change", [""])[0] == "true"
         last = query.get("last_etag", [""])[0]
         timeout = min(float(query.get("timeout_sec", [_MAX_WAIT_S])[0]), _MAX_WAIT_S)
+        if not waits:
+            self._wait_if_held(key)
         with self._changed:
             if waits:
                 self._changed.wait_for(
@@ -79,6 +111,7 @@ class MetadataServer:
             return self._metadata.get(key)
 
     def _put(self, name: str, value: str) -> bool:
+        self._wait_if_held(name)
         with self._changed:
             if self._metadata.get("enable-guest-attributes") != "TRUE":
                 return False
