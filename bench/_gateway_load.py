@@ -9,7 +9,6 @@ import contextlib
 import functools
 import gc
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from bench._proc import cpu_times
+
 ROOT = Path(__file__).resolve().parents[1]
 HOLDER = "bench"
 CHUNK = 256 * 1024  # the target's writes
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # The contract's targets.
 P50_OVERHEAD_MS = 1.0
@@ -255,19 +254,6 @@ class Result:
         )
 
 
-def _cpu_seconds(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process, its threads included."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0, 0.0
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
-
-
-def _rss(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
-
-
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
     """The generator's collector stays off in a window (its pauses would count
@@ -295,7 +281,7 @@ async def _window(
 
     async def sample() -> None:
         await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
-        before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        before = {name: cpu_times(pid) for name, pid in pids.items()}
         if meter is not None:
             meter.on, meter.bytes = True, 0
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
@@ -303,7 +289,7 @@ async def _window(
             meter.on = False
             result.bytes = meter.bytes
         for name, pid in pids.items():
-            user, system = _cpu_seconds(pid)
+            user, system = cpu_times(pid)
             result.cpu[name] = user + system - sum(before[name])
             result.system[name] = system - before[name][1]
 

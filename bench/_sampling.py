@@ -3,13 +3,11 @@ process under a CLI command, by kind (engine, program, provider)."""
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+from bench._proc import PPID, cpu_times, rss_bytes, stat_fields
 
 
 @dataclass
@@ -65,7 +63,7 @@ class Sampler:
             if not entry.name.isdigit():
                 continue
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = int(stat_fields(entry / "stat")[PPID])
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
@@ -80,11 +78,10 @@ class Sampler:
         while not self._stop.is_set():
             for pid in self._tree():
                 try:
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
+                    cpu = sum(cpu_times(pid))
+                    rss = rss_bytes(pid) / 2**20
                 except (OSError, IndexError, ValueError):
                     continue
-                cpu = (int(fields[11]) + int(fields[12])) / _TICK
                 name, old_cpu, old_rss = self.seen.get(pid, (kind(pid), 0.0, 0.0))
                 self.seen[pid] = (name, max(old_cpu, cpu), max(old_rss, rss))
             self._stop.wait(interval)

@@ -73,12 +73,12 @@ from bench._gateway_load import (
     _Meter,
     _no_gc,
     _open,
-    _rss,
     _settle,
     _use_uvloop,
     _window,
     serve_targets,
 )
+from bench._proc import rss_bytes
 
 
 async def rate_phase(
@@ -210,10 +210,10 @@ async def hold_phase(
         tunnel.abort()
     held.clear()
     await asyncio.sleep(0.5)
-    before = {name: _rss(pid) for name, pid in pids.items()}
+    before = {name: rss_bytes(pid) for name, pid in pids.items()}
     await asyncio.gather(*(one() for _ in range(count)))
     await asyncio.sleep(1.0)
-    after = {name: _rss(pid) for name, pid in pids.items()}
+    after = {name: rss_bytes(pid) for name, pid in pids.items()}
     opened = len(held)
     for tunnel in held:
         assert tunnel.transport is not None

@@ -53,6 +53,7 @@ from bench._probe_rounds import (
     use_loop,
 )
 from bench._probe_shares import shared
+from bench._proc import cpu_seconds
 from health import engine
 from health.model import ProxyEndpoint
 from health.probe import connect_request
@@ -87,12 +88,6 @@ def start_responder(ports: int, core: int | None) -> tuple[subprocess.Popen[byte
         responder.kill()
         raise RuntimeError("the responder did not start")
     return responder, list(json.loads(line))
-
-
-def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def plain_loop(fleet: list[ProxyEndpoint], workers: int, exchange: bool) -> None:
@@ -223,7 +218,7 @@ def main() -> None:
     responder, ports = start_responder(args.ports, other)
     try:
         run_bench(args, ports, responder.pid)
-        responder_cpu = process_cpu_s(responder.pid)
+        responder_cpu = cpu_seconds(responder.pid)
     finally:
         assert responder.stdin is not None
         responder.stdin.close()
