@@ -55,16 +55,17 @@ same() {
   if [ -f "$1/passwords" ]; then cmp -s "$1/passwords" "$PASSWORDS"; else [ ! -e "$PASSWORDS" ]; fi
 }
 
-# move_in DIR: the password file first (a conf that starts reading it finds
-# it there), then the conf; a password file no conf reads any more goes.
+# move_in DIR: the password file before the conf (a conf that starts reading
+# it finds it there); one that no conf reads any more goes after the conf.
 move_in() {
   if [ -f "$1/passwords" ]; then
     chown "root:$GROUP" "$1/passwords" && chmod 0640 "$1/passwords" &&
       mv -f "$1/passwords" "$PASSWORDS" || return 1
+    chown root:root "$1/conf" && chmod 0644 "$1/conf" && mv -f "$1/conf" "$CONF"
   else
-    rm -f "$PASSWORDS" || return 1
+    chown root:root "$1/conf" && chmod 0644 "$1/conf" && mv -f "$1/conf" "$CONF" &&
+      rm -f "$PASSWORDS"
   fi
-  chown root:root "$1/conf" && chmod 0644 "$1/conf" && mv -f "$1/conf" "$CONF"
 }
 
 etag_of() { sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$1"; }
