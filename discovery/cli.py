@@ -374,8 +374,12 @@ def run_server(service: Service) -> int:
     # uvicorn re-raises the signal that stopped it once it has shut down
     # gracefully; with the default disposition that would end the process
     # "killed by SIGTERM". A handler of our own makes a clean stop exit 0.
+    # It is also the handler until uvicorn puts its own in place, as it
+    # starts: a signal then stops the server once it has started (it would
+    # otherwise be lost, and the service run on).
     def stopped(signum: int, _: FrameType | None) -> None:
         event(log, logging.INFO, "stopped by signal", signal=signal.Signals(signum).name)
+        server.should_exit = True
 
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(signal.SIGINT, stopped)

@@ -292,6 +292,70 @@ def test_the_starting_line_shows_no_database_password(monkeypatch: pytest.Monkey
     assert not [r for r in records if "hunter" in r or "hunt" in r]
 
 
+def test_a_signal_before_uvicorn_takes_over_stops_the_server_once_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM after the `starting` line and before uvicorn's own handlers are
+    in place (seen: `scripts/up serve` stopped just after it had started ran
+    on) stops the server as soon as it has started. Were it lost, the server
+    would run on until a second SIGTERM, which a guard sends (and notes) so
+    that the test fails instead of hanging."""
+    import signal
+    import threading
+    import types
+    from types import SimpleNamespace
+    from typing import Any
+
+    from prometheus_client import CollectorRegistry
+
+    import discovery.cli
+    from discovery.cli import run_server
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while scope["type"] == "lifespan":
+            message = await receive()
+            await send({"type": f"{message['type']}.complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+
+    fake_app = types.ModuleType("discovery.app")
+    fake_app.create_app = lambda service: app  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "discovery.app", fake_app)
+    logged: list[str] = []
+    real_event = discovery.cli.event
+
+    def event(logger: Any, level: int, name: str, **fields: Any) -> None:
+        real_event(logger, level, name, **fields)
+        logged.append(name)
+        if name == "starting":
+            signal.raise_signal(signal.SIGTERM)  # handled before server.run()
+
+    monkeypatch.setattr(discovery.cli, "event", event)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["serve", "--fleet", "f", "--listen", f"127.0.0.1:{port}", "--db", "unused.db"]
+    settings = settings_from(parser().parse_args(args), {})
+    service = SimpleNamespace(settings=settings, registry=CollectorRegistry(), close=lambda: None)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    guard_fired = threading.Event()
+
+    def guard() -> None:
+        guard_fired.set()
+        signal.raise_signal(signal.SIGTERM)
+
+    timer = threading.Timer(30, guard)
+    timer.start()
+    try:
+        assert run_server(service) == 0  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert not guard_fired.is_set(), "the first SIGTERM was lost: the server ran on"
+    assert logged[:2] == ["starting", "stopped by signal"]
+
+
 def test_the_store_from_the_environment_when_no_db_flag() -> None:
     """The stack's pods give the store as $DISCOVERY_DB (from a Secret), so its
     URL and password are on no command line and in no pod spec."""
