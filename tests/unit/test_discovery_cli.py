@@ -309,6 +309,7 @@ def test_a_signal_before_uvicorn_takes_over_stops_the_server_once_started(
     from prometheus_client import CollectorRegistry
 
     import discovery.cli
+    import discovery.logs
     from discovery.cli import run_server
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -322,7 +323,7 @@ def test_a_signal_before_uvicorn_takes_over_stops_the_server_once_started(
     fake_app.create_app = lambda service: app  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "discovery.app", fake_app)
     logged: list[str] = []
-    real_event = discovery.cli.event
+    real_event = discovery.logs.event
 
     def event(logger: Any, level: int, name: str, **fields: Any) -> None:
         real_event(logger, level, name, **fields)
