@@ -8,6 +8,7 @@ clean after each step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -156,6 +157,14 @@ def squid() -> Iterator[RunningSquid]:
         yield proxy
 
 
+def end_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL to the process group it leads (the script and the service it
+    started), unless the script has already ended it all."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 @pytest.mark.timeout(900)
 def test_up_and_serve_leave_a_fresh_clone_as_it_was(
     testbed: Testbed, squid: RunningSquid, tmp_path: Path
@@ -197,6 +206,7 @@ def test_up_and_serve_leave_a_fresh_clone_as_it_was(
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its group: the service too, should the test fail
         )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
@@ -215,7 +225,7 @@ def test_up_and_serve_leave_a_fresh_clone_as_it_was(
         serving.send_signal(signal.SIGTERM)
         assert serving.wait(timeout=60) == 143, log.read_text()[-3000:]
     finally:
-        serving.kill()
+        end_group(serving)
     for address, closed in ((str(testbed.gateway), 8798), ("127.0.0.1", port)):
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((address, closed), timeout=5).close()
@@ -230,6 +240,7 @@ def test_up_and_serve_leave_a_fresh_clone_as_it_was(
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its group: the service too, should the test fail
         )
     try:
         wait_for(lambda: '"event": "starting"' in log.read_text(), timeout=60, what="the service")
@@ -239,5 +250,5 @@ def test_up_and_serve_leave_a_fresh_clone_as_it_was(
         serving.send_signal(signal.SIGTERM)
         assert serving.wait(timeout=60) == 143, log.read_text()[-3000:]
     finally:
-        serving.kill()
+        end_group(serving)
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
