@@ -26,7 +26,6 @@ PASSWORDS_KEY = "egress-proxies-squid-passwords"
 DIGEST_KEY = "egress-proxies-squid-sha256"
 # The agent reports what it applied, and what squid refused, as guest attributes.
 GUEST_ATTRIBUTES = {"enable-guest-attributes": "TRUE"}
-GUEST_ATTRIBUTE_NAMESPACE = "egress-proxies"
 
 AGENT_PATH = "/usr/local/sbin/egress-proxies-squid-sync"
 UNIT_NAME = "egress-proxies-squid-sync.service"
