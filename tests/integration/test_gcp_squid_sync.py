@@ -10,12 +10,10 @@ applied reported in the guest attributes.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import replace
 
-import bcrypt
 import pytest
 
 from providers.gcp.squid_sync import (
@@ -26,52 +24,31 @@ from providers.gcp.squid_sync import (
     squid_metadata,
 )
 from providers.gcp.startup import render_startup_script
-from proxyinfra.squid import SquidSettings, password_file_line, render_squid_conf
+from proxyinfra.squid import SquidSettings, render_squid_conf
 from tests.support.gce_guest import Guest
 from tests.support.gce_metadata import MetadataServer
-from tests.support.squid import EchoServer, connect_status, free_port
+from tests.support.gce_proxy import (
+    APPLIED_WITHIN_S,
+    file_modes,
+    listed,
+    passwords_of,
+    settings,
+    status,
+    wait_for,
+)
+from tests.support.squid import EchoServer, free_port
 
 pytestmark = pytest.mark.integration
 
-USER = "crawler"
 BOOT = {
     "enable-oslogin": "TRUE",
     "enable-guest-attributes": "TRUE",
     "startup-script": render_startup_script(),
 }
-# Within this the agent has applied a change (it is told at once; squid's
-# reload takes about a second).
-APPLIED_WITHIN_S = 30.0
-
-
-def settings(port: int, **overrides: object) -> SquidSettings:
-    values: dict[str, object] = {
-        "allowed_clients": ("127.0.0.1/32",),
-        "connect_ports": ("1025-65535",),
-        "blocked_destinations": (),
-        "auth_username": USER,
-        "port": port,
-        "listen_address": "127.0.0.1",
-    }
-    return SquidSettings(**(values | overrides))  # type: ignore[arg-type]
-
-
-def passwords_of(password: str) -> str:
-    return password_file_line(USER, bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode())
 
 
 def metadata(squid: SquidSettings, passwords: str | None) -> dict[str, str]:
     return {**BOOT, **squid_metadata(render_squid_conf(squid), passwords)}
-
-
-def wait_for(what: str, check: Callable[[], bool], guest: Guest) -> None:
-    deadline = time.monotonic() + APPLIED_WITHIN_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{what}: not within {APPLIED_WITHIN_S} s\n{guest.log('agent.log')}"
-            )
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -86,18 +63,6 @@ def echo() -> Iterator[EchoServer]:
     server = EchoServer()
     yield server
     server.close()
-
-
-def listed(guest: Guest) -> list[str]:
-    return guest.run("ls", "-A", "/etc/squid").stdout.split()
-
-
-def status(port: int, echo: EchoServer, password: str | None) -> int:
-    creds = (USER, password) if password is not None else None
-    try:
-        return connect_status("127.0.0.1", port, f"127.0.0.1:{echo.port}", creds)
-    except OSError:
-        return 0  # not listening (yet, or for the moment of a reload)
 
 
 def test_a_squid_change_is_applied_in_place_by_the_agent(
@@ -115,16 +80,10 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
             "daemon-reload",
             "enable --now egress-proxies-squid-sync.service",
         ]
-        listing = guest.run(
-            "stat",
-            "-c",
-            "%n %a %U %G",
-            "/etc/squid/squid.conf",
-            "/etc/squid/passwords",
-            AGENT_PATH,
-            UNIT_PATH,
+        listing = file_modes(
+            guest, "/etc/squid/squid.conf", "/etc/squid/passwords", AGENT_PATH, UNIT_PATH
         )
-        assert listing.stdout.splitlines() == [
+        assert listing == [
             "/etc/squid/squid.conf 644 root root",
             "/etc/squid/passwords 640 root proxy",
             f"{AGENT_PATH} 755 root root",

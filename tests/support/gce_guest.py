@@ -1,15 +1,26 @@
 """A GCP proxy VM's boot, run on this machine in namespaces of its own.
 
-The startup script runs as Google's guest agent runs it (root, bash, at
-boot), against a metadata server on loopback (GCE_METADATA_HOST, the
-variable Google's own clients honour), in a mount and PID namespace whose
-/etc/squid, /run, /usr/local/sbin, /etc/systemd/system, squid's log and
-spool directories and /dev/shm are empty tmpfs, so the script writes its
-real paths and the real squid runs as on the VM. Only systemd is missing:
-`systemctl` is a stub that logs each call and does what systemd would for
-the two services (squid started as a daemon; the squid-sync agent started in
-the background). Closing kills the whole PID namespace (unshare's
---kill-child), so nothing the guest started outlives it.
+Either boot data of providers/gcp/bootstrap.py runs, against a metadata
+server on loopback (GCE_METADATA_HOST, the variable Google's own clients
+honour):
+
+- the startup script, as Google's guest agent runs it on Debian's images
+  (root, bash, at boot): `Guest(script, host)`;
+- the `user-data` key, as Ubuntu's images run it: Debian's cloud-init, its
+  GCE datasource reading the metadata server, its three stages with the
+  modules that user-data uses in Ubuntu's order: `Guest.cloud_init(host)`.
+
+It runs in a mount, PID and UTS namespace whose /etc/squid, /run,
+/usr/local/sbin, /etc/systemd/system, /etc/cloud, squid's log and spool
+directories and /dev/shm are empty tmpfs and whose /etc/hostname is a file
+of its own, so the boot writes its real paths and the real squid runs as
+on the VM. What is missing is stubbed: `systemctl` logs each call and does
+what systemd would for the two services (squid started as a daemon; the
+squid-sync agent started in the background); for cloud-init, the machine
+says it is a Compute Engine VM (`dmidecode`, `systemd-detect-virt`: this
+build machine is a container, where cloud-init reads no DMI). Closing kills
+the whole PID namespace (unshare's --kill-child), so nothing the guest
+started outlives it.
 """
 
 from __future__ import annotations
@@ -20,11 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 EMPTY_DIRS = (
     "/etc/squid",
     "/run",
     "/usr/local/sbin",
     "/etc/systemd/system",
+    "/etc/cloud",
     "/var/log/squid",
     "/var/spool/squid",
     "/dev/shm",
@@ -33,7 +47,7 @@ SQUID_OWNED = ("/var/log/squid", "/var/spool/squid")
 # --kill-child: when unshare ends, its child (the namespace's init) is killed,
 # and with it every process of the PID namespace.
 UNSHARE = (
-    *("unshare", "--mount", "--propagation", "private"),
+    *("unshare", "--mount", "--propagation", "private", "--uts"),
     *("--pid", "--fork", "--mount-proc", "--kill-child"),
 )
 
@@ -60,30 +74,83 @@ set -u
 for dir in {dirs}; do mount -t tmpfs -o mode=0755 tmpfs "$dir"; done
 chmod 1777 /dev/shm
 chown proxy:proxy {squid_owned}
+mount --bind {root}/hostname /etc/hostname
+product=/sys/class/dmi/id/product_name
+[ ! -e "$product" ] || mount --bind {root}/product_name "$product"
+cp {root}/cloud.cfg /etc/cloud/cloud.cfg
 rc=0
-GCE_METADATA_HOST={host} PATH={root}/bin:$PATH bash {root}/startup.sh \
-  >{root}/startup.log 2>&1 || rc=$?
+export GCE_METADATA_HOST={host} PATH={root}/bin:$PATH
+{{ {boot}; }} >{root}/startup.log 2>&1 || rc=$?
 echo "$rc" >{root}/boot.rc
 exec sleep infinity
 """
 
+# The machine as a Compute Engine VM tells cloud-init's GCE datasource it is one.
+_DMIDECODE = """\
+#!/bin/bash
+case "$*" in
+  *system-product-name*) echo "Google Compute Engine" ;;
+  *system-serial-number*) echo "GoogleCloud-4520031799277581759" ;;
+esac
+"""
+_DETECT_VIRT = """\
+#!/bin/bash
+case "$*" in *--container*) exit 1 ;; esac
+echo google
+"""
+CLOUD_INIT_BOOT = (
+    "cloud-init init && cloud-init modules --mode config && cloud-init modules --mode final"
+)
+
+
+def _cloud_cfg(root: Path, metadata_host: str) -> str:
+    """The image's /etc/cloud/cloud.cfg: Ubuntu's module order, cut to the
+    modules the proxy's user-data uses (the others would change this machine:
+    users, SSH host keys, apt, the network's config, disabled here)."""
+    return yaml.safe_dump(
+        {
+            "datasource_list": ["GCE"],
+            "datasource": {"GCE": {"metadata_url": f"http://{metadata_host}/computeMetadata/v1/"}},
+            "network": {"config": "disabled"},
+            "def_log_file": str(root / "cloud-init.log"),
+            "output": {"all": f">> {root / 'cloud-init-output.log'}"},
+            "syslog_fix_perms": None,
+            "system_info": {
+                "distro": "debian",
+                "paths": {"cloud_dir": str(root / "cloud")},
+            },
+            "cloud_init_modules": ["bootcmd", "write_files", "set_hostname", "update_hostname"],
+            "cloud_config_modules": ["runcmd"],
+            "cloud_final_modules": ["write_files_deferred", "scripts_user"],
+        }
+    )
+
 
 class Guest:
-    """One boot of a startup script; `run` runs a command inside the guest.
-    Use it with `contextlib.closing`."""
+    """One boot of a startup script (or, `Guest.cloud_init`, of the
+    metadata's user-data); `run` runs a command inside the guest. Use it
+    with `contextlib.closing`."""
 
-    def __init__(self, startup_script: str, metadata_host: str) -> None:
+    def __init__(self, startup_script: str | None, metadata_host: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="egress-gce-guest-"))
         (self.root / "bin").mkdir()
-        systemctl = self.root / "bin" / "systemctl"
-        systemctl.write_text(_SYSTEMCTL.format(root=self.root))
-        systemctl.chmod(0o755)
-        (self.root / "startup.sh").write_text(startup_script)
+        self._tool("systemctl", _SYSTEMCTL.format(root=self.root))
+        self._tool("dmidecode", _DMIDECODE)
+        self._tool("systemd-detect-virt", _DETECT_VIRT)
+        (self.root / "hostname").write_text("localhost\n")
+        (self.root / "product_name").write_text("Google Compute Engine\n")
+        (self.root / "cloud.cfg").write_text(_cloud_cfg(self.root, metadata_host))
+        if startup_script is None:
+            boot = CLOUD_INIT_BOOT
+        else:
+            (self.root / "startup.sh").write_text(startup_script)
+            boot = f"bash {self.root}/startup.sh"
         init = _INIT.format(
             dirs=" ".join(EMPTY_DIRS),
             squid_owned=" ".join(SQUID_OWNED),
             host=metadata_host,
             root=self.root,
+            boot=boot,
         )
         self._unshare = subprocess.Popen(
             [*UNSHARE, "bash", "-c", init],
@@ -91,6 +158,16 @@ class Guest:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+    @classmethod
+    def cloud_init(cls, metadata_host: str) -> Guest:
+        """A boot of Ubuntu's kind: cloud-init runs the metadata's `user-data`."""
+        return cls(None, metadata_host)
+
+    def _tool(self, name: str, text: str) -> None:
+        tool = self.root / "bin" / name
+        tool.write_text(text)
+        tool.chmod(0o755)
 
     def boot_status(self, timeout: float = 60.0) -> int:
         """The startup script's exit status, once it has ended."""
@@ -116,7 +193,16 @@ class Guest:
     def run(self, *command: str) -> subprocess.CompletedProcess[str]:
         """A command in the guest's mount and PID namespaces."""
         return subprocess.run(
-            ["nsenter", "--target", str(self._init_pid()), "--mount", "--pid", "--", *command],
+            [
+                "nsenter",
+                "--target",
+                str(self._init_pid()),
+                "--mount",
+                "--pid",
+                "--uts",
+                "--",
+                *command,
+            ],
             capture_output=True,
             text=True,
             timeout=30,

@@ -10,7 +10,10 @@ way Compute Engine's metadata server is documented to:
   the value's ETag differs from E, else holds the request until it does or
   N seconds pass, then answers with the value it has;
 - `PUT /computeMetadata/v1/instance/guest-attributes/NAMESPACE/KEY`: stored
-  when the metadata has `enable-guest-attributes: TRUE`, else 403.
+  when the metadata has `enable-guest-attributes: TRUE`, else 403;
+- what cloud-init's GCE datasource reads besides: `instance/id`,
+  `instance/zone`, `instance/hostname`, and `instance/attributes/` and
+  `project/attributes/` with `?recursive=True` (every key, as a JSON object).
 
 Metadata is replaced whole, as `instances.setMetadata` does. A test may
 `hold` the plain reads of a key (not the waits), or the writes of a guest
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +32,12 @@ from urllib.parse import parse_qs, urlsplit
 
 ATTRIBUTES = "/computeMetadata/v1/instance/attributes/"
 GUEST_ATTRIBUTES = "/computeMetadata/v1/instance/guest-attributes/"
+PROJECT_ATTRIBUTES = "/computeMetadata/v1/project/attributes/"
+INSTANCE = {
+    "/computeMetadata/v1/instance/id": "4520031799277581759",
+    "/computeMetadata/v1/instance/zone": "projects/123456789012/zones/europe-west1-b",
+    "/computeMetadata/v1/instance/hostname": "proxy.europe-west1-b.c.crawl.internal",
+}
 _MAX_WAIT_S = 3600.0
 
 
@@ -110,6 +120,10 @@ class MetadataServer:
                 )
             return self._metadata.get(key)
 
+    def _all(self) -> str:
+        with self._changed:
+            return json.dumps(self._metadata)
+
     def _put(self, name: str, value: str) -> bool:
         self._wait_if_held(name)
         with self._changed:
@@ -149,6 +163,16 @@ class MetadataServer:
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 if not self._flavored():
+                    return
+                recursive = parse_qs(url.query).get("recursive", [""])[0].lower() == "true"
+                if url.path in INSTANCE:
+                    self._answer(200, INSTANCE[url.path])
+                    return
+                if url.path == ATTRIBUTES and recursive:
+                    self._answer(200, server._all())
+                    return
+                if url.path == PROJECT_ATTRIBUTES and recursive:
+                    self._answer(200, "{}")
                     return
                 if not url.path.startswith(ATTRIBUTES):
                     self._answer(404)

@@ -1,0 +1,142 @@
+"""A GCP proxy on an image with cloud-init (Ubuntu's): its `user-data`
+metadata key run by a real cloud-init, in a guest of namespaces
+(tests/support/gce_guest.py) against a metadata server on loopback
+(tests/support/gce_metadata.py).
+
+Debian's cloud-init reads the metadata through its GCE datasource, as
+Ubuntu's images do, and runs its three stages with the modules the proxy's
+user-data uses, in Ubuntu's order: the hostname, the agent and its unit
+(deferred files), then one runcmd line that installs squid when missing,
+applies squid's files from their own keys and starts squid and the agent.
+The startup-script path of Debian's images is tests/integration/
+test_gcp_squid_sync.py; what both must do is the same, so the same things
+are asserted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from providers.gcp.bootstrap import OS_LOGIN, USER_DATA_KEY, render_user_data
+from providers.gcp.squid_sync import (
+    AGENT_PATH,
+    GUEST_ATTRIBUTES,
+    UNIT_PATH,
+    squid_digest,
+    squid_metadata,
+)
+from proxyinfra.squid import SquidSettings, render_squid_conf
+from tests.support.gce_guest import Guest
+from tests.support.gce_metadata import MetadataServer
+from tests.support.gce_proxy import file_modes, passwords_of, settings, status, wait_for
+from tests.support.squid import EchoServer, free_port
+
+pytestmark = pytest.mark.integration
+
+HOSTNAME = "proxy-5e0c1d2a3b"
+# The operator's own userData, merged into the proxy's by the stack.
+OPERATORS = "#cloud-config\n" + yaml.safe_dump(
+    {
+        "write_files": [{"path": "/etc/squid/operator-note", "content": "kept by ops\n"}],
+        "runcmd": ["touch /run/operator-runcmd-ran"],
+    }
+)
+BOOT_TIMEOUT_S = 120.0  # cloud-init's three stages, each a Python start
+
+
+def metadata(squid_conf: str, passwords: str | None, user_data: str | None) -> dict[str, str]:
+    """An instance's metadata as providers/gcp/bootstrap.py makes it for a
+    cloud-init image."""
+    return {
+        **OS_LOGIN,
+        **GUEST_ATTRIBUTES,
+        USER_DATA_KEY: render_user_data(user_data, HOSTNAME),
+        **squid_metadata(squid_conf, passwords),
+    }
+
+
+@pytest.fixture
+def server() -> Iterator[MetadataServer]:
+    md = MetadataServer()
+    yield md
+    md.close()
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[EchoServer]:
+    server = EchoServer()
+    yield server
+    server.close()
+
+
+def conf(squid: SquidSettings) -> str:
+    return render_squid_conf(squid)
+
+
+def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
+    server: MetadataServer, echo: EchoServer
+) -> None:
+    port = free_port()
+    first = settings(port)
+    passwords = passwords_of("first-pass")
+    server.set(metadata(conf(first), passwords, OPERATORS))
+    with closing(Guest.cloud_init(server.host)) as guest:
+        assert guest.boot_status(BOOT_TIMEOUT_S) == 0, guest.log("cloud-init-output.log")
+        # The same boot as the startup script's: files, squid restarted on them, the agent.
+        assert guest.systemctl_calls() == [
+            "enable squid",
+            "restart squid",
+            "daemon-reload",
+            "enable --now egress-proxies-squid-sync.service",
+        ]
+        assert file_modes(
+            guest, "/etc/squid/squid.conf", "/etc/squid/passwords", AGENT_PATH, UNIT_PATH
+        ) == [
+            "/etc/squid/squid.conf 644 root root",
+            "/etc/squid/passwords 640 root proxy",
+            f"{AGENT_PATH} 755 root root",
+            f"{UNIT_PATH} 644 root root",
+        ]
+        assert guest.read("/etc/squid/squid.conf") == conf(first)
+        assert guest.read("/etc/squid/passwords") == passwords
+        assert guest.run("hostname").stdout.strip() == HOSTNAME
+        assert guest.read("/etc/hostname") == f"{HOSTNAME}\n"
+        # The operator's own cloud-config ran beside the proxy's.
+        assert guest.read("/etc/squid/operator-note") == "kept by ops\n"
+        assert guest.read("/run/operator-runcmd-ran") == ""
+        wait_for("squid serving", lambda: status(port, echo, "first-pass") == 200, guest)
+        assert status(port, echo, None) == 407
+        pid = guest.squid_pid()
+        assert pid is not None
+
+        # The agent cloud-init started takes a change in place: the same squid.
+        narrowed = replace(first, connect_ports=("443",))
+        server.set(metadata(conf(narrowed), passwords, OPERATORS))
+        wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
+        assert guest.squid_pid() == pid
+        applied = squid_digest(conf(narrowed), passwords)
+        wait_for(
+            "the digest reported",
+            lambda: server.guest_attribute("egress-proxies/squid-sha256") == applied,
+            guest,
+        )
+
+
+def test_a_cloud_init_boot_on_a_config_squid_refuses_stops_before_squid(
+    server: MetadataServer,
+) -> None:
+    broken = "bogus_directive on\n"
+    server.set(metadata(broken, None, None))
+    with closing(Guest.cloud_init(server.host)) as guest:
+        # cloud-init's final stage fails on the runcmd script, and says why.
+        assert guest.boot_status(BOOT_TIMEOUT_S) != 0
+        output = guest.log("cloud-init-output.log")
+        assert "bogus_directive" in output, output
+        assert guest.systemctl_calls() == []  # squid never started on it
+        assert guest.read("/etc/squid/squid.conf") is None
+        assert "bogus_directive" in (server.guest_attribute("egress-proxies/squid-error") or "")
