@@ -19,7 +19,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +113,6 @@ class Produced:
 @pytest.fixture(scope="module")
 def produced() -> Produced:
     return Produced(run_program("proxyinfra.program:main", config(), new_resource_hook=HOOK))
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    server = EchoServer()
-    yield server
-    server.close()
 
 
 # --- kubernetes: the ConfigMap and Secret in a real squid ------------------------

@@ -15,7 +15,6 @@ are asserted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import replace
 
@@ -60,32 +59,18 @@ def metadata(squid_conf: str, passwords: str | None, user_data: str | None) -> d
     }
 
 
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    md = MetadataServer()
-    yield md
-    md.close()
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    server = EchoServer()
-    yield server
-    server.close()
-
-
 def conf(squid: SquidSettings) -> str:
     return render_squid_conf(squid)
 
 
 def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
-    server: MetadataServer, echo: EchoServer
+    gce_server: MetadataServer, echo: EchoServer
 ) -> None:
     port = free_port()
     first = settings(port)
     passwords = passwords_of("first-pass")
-    server.set(metadata(conf(first), passwords, OPERATORS))
-    with closing(Guest.cloud_init(server.host)) as guest:
+    gce_server.set(metadata(conf(first), passwords, OPERATORS))
+    with closing(Guest.cloud_init(gce_server.host)) as guest:
         assert guest.boot_status(BOOT_TIMEOUT_S) == 0, guest.log("cloud-init-output.log")
         # The same boot as the startup script's: files, squid restarted on them, the agent.
         assert guest.systemctl_calls() == [
@@ -116,27 +101,27 @@ def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
 
         # The agent cloud-init started takes a change in place: the same squid.
         narrowed = replace(first, connect_ports=("443",))
-        server.set(metadata(conf(narrowed), passwords, OPERATORS))
+        gce_server.set(metadata(conf(narrowed), passwords, OPERATORS))
         wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
         assert guest.squid_pid() == pid
         applied = squid_digest(conf(narrowed), passwords)
         wait_for(
             "the digest reported",
-            lambda: server.guest_attribute("egress-proxies/squid-sha256") == applied,
+            lambda: gce_server.guest_attribute("egress-proxies/squid-sha256") == applied,
             guest,
         )
 
 
 def test_a_cloud_init_boot_on_a_config_squid_refuses_stops_before_squid(
-    server: MetadataServer,
+    gce_server: MetadataServer,
 ) -> None:
     broken = "bogus_directive on\n"
-    server.set(metadata(broken, None, None))
-    with closing(Guest.cloud_init(server.host)) as guest:
+    gce_server.set(metadata(broken, None, None))
+    with closing(Guest.cloud_init(gce_server.host)) as guest:
         # cloud-init's final stage fails on the runcmd script, and says why.
         assert guest.boot_status(BOOT_TIMEOUT_S) != 0
         output = guest.log("cloud-init-output.log")
         assert "bogus_directive" in output, output
         assert guest.systemctl_calls() == []  # squid never started on it
         assert guest.read("/etc/squid/squid.conf") is None
-        assert "bogus_directive" in (server.guest_attribute("egress-proxies/squid-error") or "")
+        assert "bogus_directive" in (gce_server.guest_attribute("egress-proxies/squid-error") or "")

@@ -10,7 +10,6 @@ applied reported in the guest attributes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import replace
 
@@ -51,27 +50,13 @@ def metadata(squid: SquidSettings, passwords: str | None) -> dict[str, str]:
     return {**BOOT, **squid_metadata(render_squid_conf(squid), passwords)}
 
 
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    md = MetadataServer()
-    yield md
-    md.close()
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    server = EchoServer()
-    yield server
-    server.close()
-
-
 def test_a_squid_change_is_applied_in_place_by_the_agent(
-    server: MetadataServer, echo: EchoServer
+    gce_server: MetadataServer, echo: EchoServer
 ) -> None:
     port = free_port()
     first = settings(port)
-    server.set(metadata(first, passwords_of("first-pass")))
-    with closing(Guest(render_startup_script(), server.host)) as guest:
+    gce_server.set(metadata(first, passwords_of("first-pass")))
+    with closing(Guest(render_startup_script(), gce_server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         # At boot: the agent wrote squid's files, squid restarted on them, the agent watches.
         assert guest.systemctl_calls() == [
@@ -97,43 +82,45 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
 
         # connectPorts narrowed: the same squid refuses the echo server's port.
         narrowed = replace(first, connect_ports=("443",))
-        server.set(metadata(narrowed, passwords_of("first-pass")))
+        gce_server.set(metadata(narrowed, passwords_of("first-pass")))
         wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
         assert guest.read("/etc/squid/squid.conf") == render_squid_conf(narrowed)
         assert guest.squid_pid() == pid
 
         # A new password with the ports opened again: the old one is refused.
         new = passwords_of("second-pass")
-        server.set(metadata(first, new))
+        gce_server.set(metadata(first, new))
         wait_for("new password", lambda: status(port, echo, "second-pass") == 200, guest)
         assert status(port, echo, "first-pass") == 407
         assert guest.squid_pid() == pid
         applied = squid_digest(render_squid_conf(first), new)
         wait_for(
             "the digest reported",
-            lambda: server.guest_attribute("egress-proxies/squid-sha256") == applied,
+            lambda: gce_server.guest_attribute("egress-proxies/squid-sha256") == applied,
             guest,
         )
-        assert server.guest_attribute("egress-proxies/squid-error") == ""
+        assert gce_server.guest_attribute("egress-proxies/squid-error") == ""
 
         # Auth taken away: the password file goes with it.
         open_settings = replace(first, auth_username=None)
-        server.set(metadata(open_settings, None))
+        gce_server.set(metadata(open_settings, None))
         wait_for("auth removed", lambda: status(port, echo, None) == 200, guest)
         assert guest.read("/etc/squid/passwords") is None
         assert guest.squid_pid() == pid
 
 
-def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: EchoServer) -> None:
+def test_a_config_squid_refuses_is_never_applied(
+    gce_server: MetadataServer, echo: EchoServer
+) -> None:
     port = free_port()
     good = settings(port, auth_username=None)
-    server.set(metadata(good, None))
-    with closing(Guest(render_startup_script(), server.host)) as guest:
+    gce_server.set(metadata(good, None))
+    with closing(Guest(render_startup_script(), gce_server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         wait_for("squid serving", lambda: status(port, echo, None) == 200, guest)
         conf = guest.read("/etc/squid/squid.conf")
         broken = render_squid_conf(good) + "bogus_directive on\n"
-        server.set(
+        gce_server.set(
             {
                 **BOOT,
                 "egress-proxies-squid-conf": broken,
@@ -143,7 +130,8 @@ def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: E
         wait_for(
             "the refusal reported",
             lambda: (
-                "bogus_directive" in (server.guest_attribute("egress-proxies/squid-error") or "")
+                "bogus_directive"
+                in (gce_server.guest_attribute("egress-proxies/squid-error") or "")
             ),
             guest,
         )
@@ -154,7 +142,7 @@ def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: E
 
         # Files that do not match their digest (read while the metadata moved) wait.
         narrowed = render_squid_conf(replace(good, connect_ports=("443",)))
-        server.set(
+        gce_server.set(
             {
                 **BOOT,
                 "egress-proxies-squid-conf": narrowed,
@@ -164,12 +152,12 @@ def test_a_config_squid_refuses_is_never_applied(server: MetadataServer, echo: E
         wait_for("the mismatch seen", lambda: "do not match" in guest.log("agent.log"), guest)
         assert guest.read("/etc/squid/squid.conf") == conf
         # Then the digest that goes with them: applied.
-        server.set(metadata(replace(good, connect_ports=("443",)), None))
+        gce_server.set(metadata(replace(good, connect_ports=("443",)), None))
         wait_for("ports narrowed", lambda: status(port, echo, None) == 403, guest)
 
 
 def test_a_change_undone_and_redone_while_the_agent_reads_is_applied(
-    server: MetadataServer, echo: EchoServer
+    gce_server: MetadataServer, echo: EchoServer
 ) -> None:
     """The agent waits for the metadata to move on from the version it read,
     not from the one that woke it: woken by B, it reads A (B undone
@@ -178,35 +166,37 @@ def test_a_change_undone_and_redone_while_the_agent_reads_is_applied(
     first = settings(port, auth_username=None)
     narrowed = replace(first, connect_ports=("443",))
     reported = "egress-proxies/squid-sha256"
-    server.set(metadata(first, None))
-    with closing(Guest(render_startup_script(), server.host)) as guest:
+    gce_server.set(metadata(first, None))
+    with closing(Guest(render_startup_script(), gce_server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         wait_for("squid serving", lambda: status(port, echo, None) == 200, guest)
         applied = squid_digest(render_squid_conf(first), None)
-        wait_for("the watch under way", lambda: server.guest_attribute(reported) == applied, guest)
-        server.hold(DIGEST_KEY)
-        server.set(metadata(narrowed, None))  # B wakes the agent...
-        assert server.held(DIGEST_KEY, APPLIED_WITHIN_S), guest.log("agent.log")
-        server.set(metadata(first, None))  # ...which reads A: B undone meanwhile
-        server.hold(reported)
-        server.release(DIGEST_KEY)
+        wait_for(
+            "the watch under way", lambda: gce_server.guest_attribute(reported) == applied, guest
+        )
+        gce_server.hold(DIGEST_KEY)
+        gce_server.set(metadata(narrowed, None))  # B wakes the agent...
+        assert gce_server.held(DIGEST_KEY, APPLIED_WITHIN_S), guest.log("agent.log")
+        gce_server.set(metadata(first, None))  # ...which reads A: B undone meanwhile
+        gce_server.hold(reported)
+        gce_server.release(DIGEST_KEY)
         # It found A in place and reports it; before it waits again, B is back.
-        assert server.held(reported, APPLIED_WITHIN_S), guest.log("agent.log")
-        server.set(metadata(narrowed, None))
-        server.release(reported)
+        assert gce_server.held(reported, APPLIED_WITHIN_S), guest.log("agent.log")
+        gce_server.set(metadata(narrowed, None))
+        gce_server.release(reported)
         wait_for("B taken the second time", lambda: status(port, echo, None) == 403, guest)
 
 
-def test_a_boot_on_a_config_squid_refuses_stops_before_squid(server: MetadataServer) -> None:
+def test_a_boot_on_a_config_squid_refuses_stops_before_squid(gce_server: MetadataServer) -> None:
     broken = "bogus_directive on\n"
-    server.set(
+    gce_server.set(
         {
             **BOOT,
             "egress-proxies-squid-conf": broken,
             "egress-proxies-squid-sha256": squid_digest(broken, None),
         }
     )
-    with closing(Guest(render_startup_script(), server.host)) as guest:
+    with closing(Guest(render_startup_script(), gce_server.host)) as guest:
         assert guest.boot_status() != 0
         assert "bogus_directive" in guest.log()
         assert guest.systemctl_calls() == []  # squid keeps what it had

@@ -64,13 +64,6 @@ class RecordingHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    server = EchoServer()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def origin() -> Iterator[http.server.ThreadingHTTPServer]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
