@@ -209,7 +209,7 @@ def _local(port: int) -> ProxyEndpoint:
 def test_proxy_that_never_answers_times_out_within_the_bound() -> None:
     """The probe gives up at its timeout, once: it ends about when a plain
     sleep of the same length started beside it ends (a loaded machine delays
-    both alike), not a timeout or more later."""
+    both alike), not a third of a timeout or more later."""
 
     async def sleep_until_timeout(loop: asyncio.AbstractEventLoop) -> float:
         await asyncio.sleep(0.3)
@@ -229,7 +229,7 @@ def test_proxy_that_never_answers_times_out_within_the_bound() -> None:
     assert result.connect_ms is not None and result.answer_ms is None
     assert result.error == "no answer to CONNECT in 0.3 s"
     assert elapsed >= 0.3
-    assert after_sleep < 0.15, after_sleep
+    assert after_sleep < 0.1, after_sleep
 
 
 @pytest.mark.parametrize(
