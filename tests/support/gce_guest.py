@@ -69,8 +69,10 @@ case "$*" in
 esac
 """
 
+# -e: a mount that fails ends the guest before its boot can write this
+# machine's own /etc/hostname or /etc/cloud (the boot's status is kept apart).
 _INIT = """\
-set -u
+set -eu
 for dir in {dirs}; do mount -t tmpfs -o mode=0755 tmpfs "$dir"; done
 chmod 1777 /dev/shm
 chown proxy:proxy {squid_owned}
