@@ -201,3 +201,5 @@ def test_a_boot_on_a_config_squid_refuses_stops_before_squid(gce_server: Metadat
         assert "bogus_directive" in guest.log()
         assert guest.systemctl_calls() == []  # squid keeps what it had
         assert guest.read("/etc/squid/squid.conf") is None
+        reported = gce_server.guest_attribute("egress-proxies/squid-error") or ""
+        assert "bogus_directive" in reported
