@@ -154,12 +154,13 @@ class Guest:
             root=self.root,
             boot=boot,
         )
-        self._unshare = subprocess.Popen(
-            [*UNSHARE, "bash", "-c", init],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with (self.root / "init.log").open("wb") as errors:  # a failed mount says why here
+            self._unshare = subprocess.Popen(
+                [*UNSHARE, "bash", "-c", init],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+            )
 
     @classmethod
     def cloud_init(cls, metadata_host: str) -> Guest:
@@ -177,7 +178,9 @@ class Guest:
         rc = self.root / "boot.rc"
         while not rc.exists() or not rc.read_text().strip():
             if self._unshare.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the guest's startup script did not end:\n{self.log()}")
+                raise RuntimeError(
+                    f"the guest's boot did not end:\n{self.log('init.log')}{self.log()}"
+                )
             time.sleep(0.05)
         return int(rc.read_text())
 
