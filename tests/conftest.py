@@ -14,6 +14,7 @@ import pytest
 # The shared fixtures are imported here, once: a test module that imports a
 # session fixture defines its own copy, which pytest sets up again for it.
 from tests.support.browser import browser  # noqa: F401  (module fixture: headless Chromium)
+from tests.support.build_progress import LOGS, BuildProgress, Watcher
 from tests.support.client_venv import (  # noqa: F401  (session fixtures: the client's wheel, its venv)
     client_dist,
     client_venv,
@@ -41,6 +42,25 @@ sys.addaudithook(_RECORDER)
 
 def pytest_configure(config: pytest.Config) -> None:
     distribute(config)
+
+
+_WATCHER = pytest.StashKey[Watcher]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller of a distributed run writes the background builds'
+    # progress: the workers, which wait for them, are not shown.
+    config = session.config
+    distributed = bool(config.getoption("numprocesses", None))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if distributed and not hasattr(config, "workerinput") and reporter is not None:
+
+        def write(line: str) -> None:
+            # On a line of its own: xdist's progress dots leave the line open.
+            reporter.write("\n")
+            reporter.write_line(line)
+
+        config.stash[_WATCHER] = Watcher(BuildProgress(LOGS, write))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -150,6 +170,9 @@ def pytest_testnodedown(node: object, error: object) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _RECORDER.active = False
+    watcher = session.config.stash.get(_WATCHER, None)
+    if watcher is not None:
+        watcher.stop()
     output = getattr(session.config, "workeroutput", None)
     if output is not None:  # a worker: the controller checks for the whole run
         output["programs"] = dict(_RECORDER.seen)
