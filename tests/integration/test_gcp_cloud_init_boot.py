@@ -26,13 +26,19 @@ from providers.gcp.squid_sync import (
     AGENT_PATH,
     GUEST_ATTRIBUTES,
     UNIT_PATH,
-    squid_digest,
     squid_metadata,
 )
 from proxyinfra.squid import SquidSettings, render_squid_conf
 from tests.support.gce_guest import Guest
 from tests.support.gce_metadata import MetadataServer
-from tests.support.gce_proxy import file_modes, passwords_of, settings, status, wait_for
+from tests.support.gce_proxy import (
+    file_modes,
+    passwords_of,
+    settings,
+    status,
+    wait_for,
+    wait_reported,
+)
 from tests.support.squid import EchoServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -104,12 +110,7 @@ def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
         gce_server.set(metadata(conf(narrowed), passwords, OPERATORS))
         wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
         assert guest.squid_pid() == pid
-        applied = squid_digest(conf(narrowed), passwords)
-        wait_for(
-            "the digest reported",
-            lambda: gce_server.guest_attribute("egress-proxies/squid-sha256") == applied,
-            guest,
-        )
+        wait_reported(gce_server, conf(narrowed), passwords, guest)
 
 
 def test_a_cloud_init_boot_on_a_config_squid_refuses_stops_before_squid(

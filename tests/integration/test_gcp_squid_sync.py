@@ -34,6 +34,7 @@ from tests.support.gce_proxy import (
     settings,
     status,
     wait_for,
+    wait_reported,
 )
 from tests.support.squid import EchoServer, free_port
 
@@ -93,12 +94,7 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
         wait_for("new password", lambda: status(port, echo, "second-pass") == 200, guest)
         assert status(port, echo, "first-pass") == 407
         assert guest.squid_pid() == pid
-        applied = squid_digest(render_squid_conf(first), new)
-        wait_for(
-            "the digest reported",
-            lambda: gce_server.guest_attribute("egress-proxies/squid-sha256") == applied,
-            guest,
-        )
+        wait_reported(gce_server, render_squid_conf(first), new, guest)
         assert gce_server.guest_attribute("egress-proxies/squid-error") == ""
 
         # Auth taken away: the password file goes with it.

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import bcrypt
 
+from providers.gcp.squid_sync import squid_digest
 from proxyinfra.squid import SquidSettings, password_file_line
 from tests.support.gce_guest import Guest
+from tests.support.gce_metadata import MetadataServer
 from tests.support.squid import EchoServer, connect_status
 
 USER = "crawler"
@@ -43,6 +45,18 @@ def wait_for(what: str, check: Callable[[], bool], guest: Guest) -> None:
                 f"{what}: not within {APPLIED_WITHIN_S} s\n{guest.log('agent.log')}"
             )
         time.sleep(0.2)
+
+
+def wait_reported(
+    server: MetadataServer, squid_conf: str, passwords: str | None, guest: Guest
+) -> None:
+    """Until the agent reports these files' digest as applied (a guest attribute)."""
+    applied = squid_digest(squid_conf, passwords)
+    wait_for(
+        "the digest reported",
+        lambda: server.guest_attribute("egress-proxies/squid-sha256") == applied,
+        guest,
+    )
 
 
 def listed(guest: Guest) -> list[str]:
