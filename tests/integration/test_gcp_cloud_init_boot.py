@@ -23,15 +23,15 @@ import yaml
 
 from providers.gcp.bootstrap import OS_LOGIN, USER_DATA_KEY, render_user_data
 from providers.gcp.squid_sync import (
-    AGENT_PATH,
     GUEST_ATTRIBUTES,
-    UNIT_PATH,
     squid_metadata,
 )
-from proxyinfra.squid import SquidSettings, render_squid_conf
+from proxyinfra.squid import render_squid_conf
 from tests.support.gce_guest import Guest
 from tests.support.gce_metadata import MetadataServer
 from tests.support.gce_proxy import (
+    BOOT_CALLS,
+    BOOT_FILES,
     file_modes,
     passwords_of,
     settings,
@@ -65,35 +65,19 @@ def metadata(squid_conf: str, passwords: str | None, user_data: str | None) -> d
     }
 
 
-def conf(squid: SquidSettings) -> str:
-    return render_squid_conf(squid)
-
-
 def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
     gce_server: MetadataServer, echo: EchoServer
 ) -> None:
     port = free_port()
     first = settings(port)
     passwords = passwords_of("first-pass")
-    gce_server.set(metadata(conf(first), passwords, OPERATORS))
+    gce_server.set(metadata(render_squid_conf(first), passwords, OPERATORS))
     with closing(Guest.cloud_init(gce_server.host)) as guest:
         assert guest.boot_status(BOOT_TIMEOUT_S) == 0, guest.log("cloud-init-output.log")
         # The same boot as the startup script's: files, squid restarted on them, the agent.
-        assert guest.systemctl_calls() == [
-            "enable squid",
-            "restart squid",
-            "daemon-reload",
-            "enable --now egress-proxies-squid-sync.service",
-        ]
-        assert file_modes(
-            guest, "/etc/squid/squid.conf", "/etc/squid/passwords", AGENT_PATH, UNIT_PATH
-        ) == [
-            "/etc/squid/squid.conf 644 root root",
-            "/etc/squid/passwords 640 root proxy",
-            f"{AGENT_PATH} 755 root root",
-            f"{UNIT_PATH} 644 root root",
-        ]
-        assert guest.read("/etc/squid/squid.conf") == conf(first)
+        assert guest.systemctl_calls() == BOOT_CALLS
+        assert file_modes(guest, *BOOT_FILES) == BOOT_FILES
+        assert guest.read("/etc/squid/squid.conf") == render_squid_conf(first)
         assert guest.read("/etc/squid/passwords") == passwords
         assert guest.run("hostname").stdout.strip() == HOSTNAME
         assert guest.read("/etc/hostname") == f"{HOSTNAME}\n"
@@ -107,10 +91,10 @@ def test_cloud_init_brings_up_squid_and_the_agent_from_user_data(
 
         # The agent cloud-init started takes a change in place: the same squid.
         narrowed = replace(first, connect_ports=("443",))
-        gce_server.set(metadata(conf(narrowed), passwords, OPERATORS))
+        gce_server.set(metadata(render_squid_conf(narrowed), passwords, OPERATORS))
         wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
         assert guest.squid_pid() == pid
-        wait_reported(gce_server, conf(narrowed), passwords, guest)
+        wait_reported(gce_server, render_squid_conf(narrowed), passwords, guest)
 
 
 def test_a_cloud_init_boot_on_a_config_squid_refuses_stops_before_squid(

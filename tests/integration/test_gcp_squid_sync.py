@@ -16,9 +16,7 @@ from dataclasses import replace
 import pytest
 
 from providers.gcp.squid_sync import (
-    AGENT_PATH,
     DIGEST_KEY,
-    UNIT_PATH,
     squid_digest,
     squid_metadata,
 )
@@ -28,6 +26,8 @@ from tests.support.gce_guest import Guest
 from tests.support.gce_metadata import MetadataServer
 from tests.support.gce_proxy import (
     APPLIED_WITHIN_S,
+    BOOT_CALLS,
+    BOOT_FILES,
     file_modes,
     listed,
     passwords_of,
@@ -60,21 +60,8 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
     with closing(Guest(render_startup_script(), gce_server.host)) as guest:
         assert guest.boot_status() == 0, guest.log()
         # At boot: the agent wrote squid's files, squid restarted on them, the agent watches.
-        assert guest.systemctl_calls() == [
-            "enable squid",
-            "restart squid",
-            "daemon-reload",
-            "enable --now egress-proxies-squid-sync.service",
-        ]
-        listing = file_modes(
-            guest, "/etc/squid/squid.conf", "/etc/squid/passwords", AGENT_PATH, UNIT_PATH
-        )
-        assert listing == [
-            "/etc/squid/squid.conf 644 root root",
-            "/etc/squid/passwords 640 root proxy",
-            f"{AGENT_PATH} 755 root root",
-            f"{UNIT_PATH} 644 root root",
-        ]
+        assert guest.systemctl_calls() == BOOT_CALLS
+        assert file_modes(guest, *BOOT_FILES) == BOOT_FILES
         # Nothing left beside them once the agent's first look (a no-op) is done.
         wait_for("no leftovers", lambda: listed(guest) == ["passwords", "squid.conf"], guest)
         wait_for("squid serving", lambda: status(port, echo, "first-pass") == 200, guest)

@@ -173,7 +173,7 @@ class Guest:
         tool.chmod(0o755)
 
     def boot_status(self, timeout: float = 60.0) -> int:
-        """The startup script's exit status, once it has ended."""
+        """The boot's exit status (startup script or cloud-init), once it has ended."""
         deadline = time.monotonic() + timeout
         rc = self.root / "boot.rc"
         while not rc.exists() or not rc.read_text().strip():
@@ -196,7 +196,7 @@ class Guest:
         return int(children.read_text().split()[0])
 
     def run(self, *command: str) -> subprocess.CompletedProcess[str]:
-        """A command in the guest's mount and PID namespaces."""
+        """A command in the guest's mount, PID and UTS namespaces."""
         return subprocess.run(
             [
                 "nsenter",

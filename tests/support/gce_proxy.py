@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import bcrypt
 
-from providers.gcp.squid_sync import squid_digest
+from providers.gcp.squid_sync import AGENT_PATH, UNIT_PATH, squid_digest
 from proxyinfra.squid import SquidSettings, password_file_line
 from tests.support.gce_guest import Guest
 from tests.support.gce_metadata import MetadataServer
@@ -19,6 +19,22 @@ USER = "crawler"
 # Within this the agent has applied a change (it is told at once; squid's
 # reload takes about a second).
 APPLIED_WITHIN_S = 30.0
+
+# What either boot (startup script or cloud-init) does, the same for both: the
+# agent writes squid's files, squid restarts on them, the agent watches...
+BOOT_CALLS = [
+    "enable squid",
+    "restart squid",
+    "daemon-reload",
+    "enable --now egress-proxies-squid-sync.service",
+]
+# ...and the files it leaves, with their modes, owners and groups (with auth).
+BOOT_FILES = {
+    "/etc/squid/squid.conf": "644 root root",
+    "/etc/squid/passwords": "640 root proxy",
+    AGENT_PATH: "755 root root",
+    UNIT_PATH: "644 root root",
+}
 
 
 def settings(port: int, **overrides: object) -> SquidSettings:
@@ -71,6 +87,7 @@ def status(port: int, echo: EchoServer, password: str | None) -> int:
         return 0  # not listening (yet, or for the moment of a reload)
 
 
-def file_modes(guest: Guest, *paths: str) -> list[str]:
-    """Each path with its mode, owner and group, as `stat` in the guest gives them."""
-    return guest.run("stat", "-c", "%n %a %U %G", *paths).stdout.splitlines()
+def file_modes(guest: Guest, *paths: str) -> dict[str, str]:
+    """Each path's mode, owner and group, as `stat` in the guest gives them."""
+    lines = guest.run("stat", "-c", "%n %a %U %G", *paths).stdout.splitlines()
+    return dict(line.split(" ", 1) for line in lines)
