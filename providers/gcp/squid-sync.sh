@@ -21,6 +21,9 @@ CONF=/etc/squid/squid.conf
 PASSWORDS=/etc/squid/passwords
 GROUP=proxy
 READ_ETAG= # set by apply
+# One apply at a time on the VM: the watching unit and a boot's --once can
+# overlap (the unit is enabled, so it may start first at a reboot).
+LOCK=/run/egress-proxies-squid-sync.lock
 
 say() { echo "egress-proxies-squid-sync: $*" >&2; }
 
@@ -126,14 +129,22 @@ apply() {
   report squid-error ""
 }
 
-# apply_settled: apply, reading again while the metadata moves under it.
+# apply_settled: apply, reading again while the metadata moves under it,
+# holding the lock (fd 9, opened by the caller).
 apply_settled() {
   local tries=0 code
+  flock 9
+  # No other apply is under way, so a .sync directory here is one whose apply
+  # died (the VM preempted or reset, the agent killed): squid ignores it, but
+  # it may hold a copy of the password file.
+  rm -rf /etc/squid/.sync.*
   while :; do
     code=0 && apply || code=$?
     [ "$code" = 3 ] && [ $((tries += 1)) -lt 10 ] && sleep 1 && continue
-    return "$code"
+    break
   done
+  flock -u 9
+  return "$code"
 }
 
 watch() {
@@ -165,8 +176,8 @@ watch() {
 }
 
 case ${1:-} in
-  --once) apply_settled ;;
-  --watch) watch ;;
+  --once) exec 9>"$LOCK" && apply_settled ;;
+  --watch) exec 9>"$LOCK" && watch ;;
   *)
     echo "usage: $0 --once | --watch" >&2
     exit 2
