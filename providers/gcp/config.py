@@ -17,6 +17,8 @@ GCP_IMAGE_PATTERN = r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/global/images/(fami
 CLOUD_INIT_IMAGE_PROJECTS = ("ubuntu-os-cloud", "ubuntu-os-pro-cloud")
 
 Bootstrap = Literal["cloud-init", "startup-script"]
+# How GCP provisions the VMs (providers/gcp/scheduling.py); None leaves it to GCP.
+Provisioning = Literal["standard", "spot"]
 
 
 def _image_shorthand(value: object) -> object:
@@ -60,6 +62,7 @@ class GcpProvider(Model):
     )
     boot_disk_size_gb: Annotated[int, Field(ge=10, le=65536)] = 10
     static_ip: bool = False
+    provisioning: Provisioning | None = None
 
 
 class GcpProviderEntry(ProviderEntry):

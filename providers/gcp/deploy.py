@@ -15,6 +15,7 @@ from providers.gcp.checks import GcpTargets, gcp_image, gcp_zone
 from providers.gcp.config import GcpProviderEntry
 from providers.gcp.firewall import firewall_rules
 from providers.gcp.labels import network_tag, proxy_labels
+from providers.gcp.scheduling import scheduling
 from proxyinfra.backend import Endpoint, ProxyRequest
 from proxyinfra.rollout import gated
 
@@ -107,6 +108,7 @@ class GcpDeployer:
             ],
             tags=[shared.tag],
             labels=labels,
+            scheduling=scheduling(config.provisioning),
             metadata=metadata(request, image),
             # Machine type changes stop and start the VM instead of failing.
             allow_stopping_for_update=True,

@@ -285,6 +285,7 @@ def test_gcp_and_kubernetes_config_parses_with_defaults(keys: Path) -> None:
     assert gcp.gcp.images["ubuntu"].bootstrap_method == "cloud-init"
     assert gcp.gcp.images["debian"].bootstrap_method == "startup-script"
     assert (gcp.gcp.network, gcp.gcp.boot_disk_size_gb, gcp.gcp.static_ip) == ("default", 10, False)
+    assert gcp.gcp.provisioning is None  # GCP's own default, and no scheduling block
     k8s = config.providers["cluster"]
     assert isinstance(k8s, KubernetesProviderEntry)
     assert k8s.kubernetes.create_namespace is True
@@ -293,6 +294,17 @@ def test_gcp_and_kubernetes_config_parses_with_defaults(keys: Path) -> None:
     assert config.warnings == []
     names = [r.name for r in config.replicas()]
     assert names == ["home-0", "home-1", "corp-1", "eu-0", "eu-1", "pods-0"]
+
+
+def test_gcp_provisioning_is_standard_or_spot(keys: Path) -> None:
+    raw = cloud_config()
+    raw["providers"][2]["gcp"]["provisioning"] = "spot"
+    provider = validate(raw, keys).providers["gcp-eu"]
+    assert isinstance(provider, GcpProviderEntry) and provider.gcp.provisioning == "spot"
+    raw["providers"][2]["gcp"]["provisioning"] = "preemptible"
+    assert errors_of(raw, keys) == [
+        "providers[2].gcp.provisioning: Input should be 'standard' or 'spot' (got 'preemptible')"
+    ]
 
 
 def test_placement_errors_of_every_backend_in_one_list(keys: Path) -> None:
@@ -368,7 +380,7 @@ def test_broken_gcp_provider_still_checks_its_proxies_placement(keys: Path) -> N
     raw["proxies"][2]["placement"]["machineType"] = "e2-huge"
     assert errors_of(raw, keys) == [
         "providers[2].gcp.staticIP: unknown key (allowed: bootDiskSizeGb, images, machineTypes, "
-        "network, project, region, staticIp, subnetwork, zones); did you mean 'staticIp'?",
+        "network, project, provisioning, region, staticIp, subnetwork, zones); did you mean 'staticIp'?",
         "proxies[2].placement.machineType: unknown machineType 'e2-huge' (machineTypes: e2-small)",
     ]
 
