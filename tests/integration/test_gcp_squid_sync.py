@@ -70,13 +70,17 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
 
         # What an apply that died leaves (the VM reset mid-apply): the next apply clears it.
         leftover = "/etc/squid/.sync.dEAd01"
-        planted = guest.run("sh", "-c", f"mkdir -m 0700 {leftover} && echo x > {leftover}/passwords")
+        planted = guest.run(
+            "sh", "-c", f"mkdir -m 0700 {leftover} && echo x > {leftover}/passwords"
+        )
         assert planted.returncode == 0, planted.stderr
         # connectPorts narrowed: the same squid refuses the echo server's port.
         narrowed = replace(first, connect_ports=("443",))
         gce_server.set(metadata(narrowed, passwords_of("first-pass")))
         wait_for("ports narrowed", lambda: status(port, echo, "first-pass") == 403, guest)
-        wait_for("the leftover cleared", lambda: listed(guest) == ["passwords", "squid.conf"], guest)
+        wait_for(
+            "the leftover cleared", lambda: listed(guest) == ["passwords", "squid.conf"], guest
+        )
         assert guest.read("/etc/squid/squid.conf") == render_squid_conf(narrowed)
         assert guest.squid_pid() == pid
 
