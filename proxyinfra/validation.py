@@ -237,8 +237,13 @@ def _check_autopilot(
     egressPerPod names kubernetes providers."""
     recycle, scale = policy.recycle, policy.scale
     if recycle is not None:
-        if recycle.banned_sites is None and recycle.max_age is None:
-            c.add("autopilot.recycle", "nothing to recycle by: set bannedSites, maxAge or both")
+        if all(
+            rule is None for rule in (recycle.banned_sites, recycle.max_age, recycle.unhealthy_for)
+        ):
+            c.add(
+                "autopilot.recycle",
+                "nothing to recycle by: set bannedSites, maxAge, unhealthyFor or several",
+            )
         for j, name in enumerate(recycle.egress_per_pod):
             kind = providers[name].type if name in providers else None
             if kind != "kubernetes":

@@ -27,7 +27,7 @@ class Recycle:
 
     group: str
     proxy: str
-    rule: str  # "bannedSites" or "maxAge": the policy key that fired
+    rule: str  # "unhealthyFor", "bannedSites" or "maxAge": the policy key that fired
     reason: str
 
     @property
@@ -83,6 +83,9 @@ class PlannerState:
     here (the autopilot command keeps it)."""
 
     groups: Mapping[str, GroupMemory] = field(default_factory=dict)
+    # Per proxy (manifest name) the service judges unhealthy: the first round
+    # of its current spell (kept only with recycle.unhealthyFor).
+    unhealthy_since: Mapping[str, datetime] = field(default_factory=dict)
 
     def memory(self, group: str) -> GroupMemory:
         return self.groups.get(group, GroupMemory())

@@ -93,6 +93,7 @@ def signals_from_answer(answer: Mapping[str, Any], stack: str) -> Signals:
                 continue
             proxies[name] = ProxySignal(
                 healthy=entry["health"] == "healthy",
+                unhealthy=entry["health"] == "unhealthy",
                 blocked_sites=int(entry["blockedSites"]),
                 last_blocked_at=_time(entry.get("lastBlockedAt"), f"proxies[{name}].lastBlockedAt"),
             )

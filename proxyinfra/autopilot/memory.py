@@ -3,7 +3,8 @@ per stack beside the stack's state (docs/architecture.md, "The autopilot's
 round state in a file of its own"), and a pause file beside it.
 
 - ``<stack>.json``: the planner's state (per group: its last scale change,
-  the start of its idle spell) and the failed updates of the last hour per
+  the start of its idle spell; per proxy judged unhealthy: the start of
+  that spell) and the failed updates of the last hour per
   change (the retry cap). Written atomically (a rename), only by a round
   that acted on the stack: a dry run or a paused round leaves its bytes.
 - ``<stack>.paused``: present while the autopilot is paused (who and when).
@@ -79,12 +80,17 @@ class MemoryFiles:
             groups[str(name)] = GroupMemory(
                 _time(entry.get("lastChangeAt"), where), _time(entry.get("idleSince"), where)
             )
+        spells: dict[str, datetime] = {}
+        for name, value in (document.get("unhealthySince") or {}).items():
+            since = _time(value, f"{self.path}: unhealthySince.{name}")
+            if since is not None:
+                spells[str(name)] = since
         failures: dict[str, list[datetime]] = {}
         for key, times in (document.get("failures") or {}).items():
             failures[str(key)] = [
                 t for t in (_time(v, f"{self.path}: failures.{key}") for v in times) if t
             ]
-        return Memory(PlannerState(groups), failures)
+        return Memory(PlannerState(groups, spells), failures)
 
     def save(self, memory: Memory) -> None:
         document = {
@@ -92,6 +98,9 @@ class MemoryFiles:
             "groups": {
                 name: {"lastChangeAt": _iso(m.last_change_at), "idleSince": _iso(m.idle_since)}
                 for name, m in sorted(memory.planner.groups.items())
+            },
+            "unhealthySince": {
+                name: _iso(since) for name, since in sorted(memory.planner.unhealthy_since.items())
             },
             "failures": {
                 key: [_iso(t) for t in times]

@@ -4,15 +4,8 @@ no global; the same inputs give the same plan, in the same order.
 
 The rules, each once:
 
-- **bannedSites**: a proxy the service counted blocked by at least N
-  distinct sites within the window is recycled, unless its latest report
-  predates its current generation (all were its old address's), or the
-  generation is younger than the window (the count may still hold its old
-  address's bans: held until the window starts at or after it was made).
-- **maxAge**: a proxy whose generation is at least that old is recycled.
-- Never ``external`` proxies (the project cannot renumber them); never
-  kubernetes ones unless their provider is in ``egressPerPod`` (a new pod
-  keeps the node's egress address). Both are held with the reason.
+- **unhealthyFor**, **bannedSites**, **maxAge**: the recycle rules
+  (proxyinfra/autopilot/recycling.py).
 - **min / max**: a group outside its bounds is brought into them first.
 - **demand**: unmet grants at least ``unmetPerMinute`` scale a group up by
   ``step``, within ``max`` and the room of its place.
@@ -21,8 +14,9 @@ The rules, each once:
 - **settle** (hysteresis): no demand or idle change of a group within
   ``settle`` of its last one; between the up threshold and idleness nothing
   moves.
-- At most ``maxChangesPerRound`` changes, taken in this order: ban recycles
-  (most sites, then oldest), scale-ups, age recycles (oldest first),
+- At most ``maxChangesPerRound`` changes, taken in this order: recycles of
+  unhealthy proxies (longest first; a proxy down serves nobody), ban
+  recycles (most sites, then oldest), scale-ups, age recycles (oldest first),
   scale-downs. A recycle never leaves a group fewer healthy proxies than
   ``healthyFloor``; a group with a recycle this round is not scaled down in it
   (the stack would remove its last replicas, maybe the one just replaced).
@@ -43,18 +37,16 @@ from proxyinfra.autopilot.changes import (
     Recycle,
     Scale,
 )
-from proxyinfra.autopilot.fleet import EXTERNAL, KUBERNETES, FleetGroup, FleetProxy, Room
-from proxyinfra.autopilot.policy import AutopilotPolicy, RecyclePolicy, ScalePolicy
+from proxyinfra.autopilot.fleet import FleetGroup, Room
+from proxyinfra.autopilot.policy import AutopilotPolicy, ScalePolicy
 from proxyinfra.autopilot.policy import format_duration as fmt
-from proxyinfra.autopilot.signals import ProxySignal, Signals
-
-
-@dataclass(frozen=True)
-class _RecycleWish:
-    group: FleetGroup
-    healthy: bool
-    change: Recycle
-    key: tuple[object, ...]
+from proxyinfra.autopilot.recycling import (
+    RecycleWish,
+    RecycleWishes,
+    recycle_wishes,
+    unhealthy_spells,
+)
+from proxyinfra.autopilot.signals import Signals
 
 
 @dataclass(frozen=True)
@@ -78,20 +70,21 @@ def plan(
         raise ValueError("now must be an aware datetime (the service's times are)")
     groups = sorted(groups, key=lambda g: g.name)
     held: list[Held] = []
-    observed = _observe(policy.scale, groups, signals, state, now)
-    bans: list[_RecycleWish] = []
-    ages: list[_RecycleWish] = []
+    spells = unhealthy_spells(policy.recycle, groups, signals, state, now)
+    observed = replace(_observe(policy.scale, groups, signals, state, now), unhealthy_since=spells)
+    recycles = RecycleWishes([], [], [])
     if policy.recycle is not None:
-        bans, ages = _recycle_wishes(policy.recycle, groups, signals, now, held)
+        recycles = recycle_wishes(policy.recycle, groups, signals, spells, now, held)
     ups: list[_ScaleWish] = []
     downs: list[_ScaleWish] = []
     if policy.scale is not None:
         ups, downs = _scale_wishes(policy.scale, groups, signals, observed, now, held)
     floor = policy.recycle.healthy_floor if policy.recycle is not None else 0
-    wishes: list[_RecycleWish | _ScaleWish] = [
-        *sorted(bans, key=_key),
+    wishes: list[RecycleWish | _ScaleWish] = [
+        *sorted(recycles.unhealthy, key=_key),
+        *sorted(recycles.bans, key=_key),
         *sorted(ups, key=_key),
-        *sorted(ages, key=_key),
+        *sorted(recycles.ages, key=_key),
         *sorted(downs, key=_key),
     ]
     changes = _select(
@@ -103,16 +96,18 @@ def plan(
         held,
     )
     scaled = {c.group for c in changes if isinstance(c, Scale)}
+    recycled = [c for c in changes if isinstance(c, Recycle)]
     after = PlannerState(
         {
             name: replace(memory, last_change_at=now) if name in scaled else memory
             for name, memory in observed.groups.items()
-        }
+        },
+        {n: t for n, t in spells.items() if n not in {c.proxy for c in recycled}},
     )
     return Plan(tuple(changes), tuple(held), after, observed)
 
 
-def _key(wish: _RecycleWish | _ScaleWish) -> tuple[object, ...]:
+def _key(wish: RecycleWish | _ScaleWish) -> tuple[object, ...]:
     return wish.key
 
 
@@ -138,95 +133,6 @@ def _observe(
         since = (before.idle_since or now) if idle else None
         memory[group.name] = GroupMemory(before.last_change_at, since)
     return PlannerState(memory)
-
-
-def _recycle_wishes(
-    policy: RecyclePolicy,
-    groups: Sequence[FleetGroup],
-    signals: Signals,
-    now: datetime,
-    held: list[Held],
-) -> tuple[list[_RecycleWish], list[_RecycleWish]]:
-    if policy.banned_sites is not None and signals.window != policy.window:
-        raise ValueError(
-            f"signals counted over {fmt(signals.window)}, the policy's window is "
-            f"{fmt(policy.window)}: ask the service with window={int(policy.window.total_seconds())}"
-        )
-    bans: list[_RecycleWish] = []
-    ages: list[_RecycleWish] = []
-    for group in groups:
-        for proxy in sorted(group.proxies, key=lambda p: p.name):
-            signal = signals.proxies.get(proxy.name)
-            sites = _banned_sites(proxy, signal)
-            if policy.banned_sites is not None and sites >= policy.banned_sites:
-                rule = "bannedSites"
-                reason = (
-                    f"blocked by {sites} distinct sites within {fmt(policy.window)} "
-                    f"(bannedSites {policy.banned_sites})"
-                )
-                if proxy.created_at is not None and proxy.created_at > signals.start:
-                    young = (
-                        f"but it was made {fmt(now - proxy.created_at)} ago, within the window, "
-                        "whose count may still hold the bans of the address it replaced"
-                    )
-                    held.append(Held(proxy.name, rule, f"{reason}; {young}"))
-                    continue
-            elif (
-                policy.max_age is not None
-                and proxy.created_at is not None
-                and now - proxy.created_at >= policy.max_age
-            ):
-                rule = "maxAge"
-                reason = (
-                    f"made {fmt(now - proxy.created_at)} ago, past maxAge {fmt(policy.max_age)}"
-                )
-            else:
-                continue
-            refusal = _not_recyclable(group, policy)
-            if refusal is not None:
-                held.append(Held(proxy.name, rule, f"{reason}; but {refusal}"))
-                continue
-            change = Recycle(group.name, proxy.name, rule, reason)
-            healthy = signal is not None and signal.healthy
-            key: tuple[object, ...]
-            if rule == "bannedSites":
-                key = (-sites, *_age_key(proxy), group.name, proxy.name)
-                bans.append(_RecycleWish(group, healthy, change, key))
-            else:
-                key = (*_age_key(proxy), group.name, proxy.name)
-                ages.append(_RecycleWish(group, healthy, change, key))
-    return bans, ages
-
-
-def _age_key(proxy: FleetProxy) -> tuple[bool, datetime | float]:
-    # Oldest first; a proxy of unknown age after every known one.
-    return (proxy.created_at is None, proxy.created_at or 0.0)
-
-
-def _banned_sites(proxy: FleetProxy, signal: ProxySignal | None) -> int:
-    """The service's count of distinct sites within the window; 0 when its
-    latest report predates the proxy's current generation (all were of the
-    address a recycle replaced)."""
-    if signal is None or signal.last_blocked_at is None:
-        return 0
-    if proxy.created_at is not None and signal.last_blocked_at <= proxy.created_at:
-        return 0
-    return signal.blocked_sites
-
-
-def _not_recyclable(group: FleetGroup, policy: RecyclePolicy) -> str | None:
-    if group.backend == EXTERNAL:
-        return (
-            "external proxies are never recycled: the project did not make them and "
-            "cannot give them a new address (take it out of rotation instead)"
-        )
-    if group.backend == KUBERNETES and group.provider not in policy.egress_per_pod:
-        return (
-            "a new kubernetes pod keeps its node's egress address, so a recycle gives "
-            f"no new one; list provider {group.provider!r} in autopilot.recycle.egressPerPod "
-            "only if this cluster gives each pod its own egress address"
-        )
-    return None
 
 
 def _scale_wishes(
@@ -300,7 +206,7 @@ def _settling(memory: GroupMemory, policy: ScalePolicy, now: datetime) -> str:
 
 
 def _select(
-    wishes: Sequence[_RecycleWish | _ScaleWish],
+    wishes: Sequence[RecycleWish | _ScaleWish],
     limit: int,
     floor: int,
     signals: Signals,
@@ -326,7 +232,7 @@ def _select(
             why = f"{limit} changes this round already (maxChangesPerRound {limit})"
             held.append(Held(subject, change.rule, f"{change.reason}; but {why}"))
             continue
-        if isinstance(wish, _RecycleWish):
+        if isinstance(wish, RecycleWish):
             name = wish.group.name
             if wish.healthy and healthy[name] - 1 < floor:
                 why = (

@@ -68,6 +68,9 @@ class RecyclePolicy(Model):
     # Also the window of the refused grants the scale rules read (one request).
     window: Window = timedelta(minutes=10)
     max_age: Duration | None = None
+    # Judged unhealthy by the service at every round for this long: replaced
+    # (a VM that died, a Spot VM preempted and deleted).
+    unhealthy_for: Duration | None = None
     # Never fewer healthy proxies in a group than this while recycling (rolling).
     healthy_floor: Annotated[int, Field(ge=0, le=1000)] = 1
     # Kubernetes providers whose cluster gives each pod its own egress address.

@@ -352,12 +352,15 @@ def _recent(failures: Mapping[str, Sequence[datetime]], now: datetime) -> dict[s
 def _after(the_plan: Plan, applied: Sequence[Change], now: datetime) -> PlannerState:
     """The next round's planner state: this round's observations, and a scale
     change recorded only for the groups whose update went through (a failed
-    one starts no settle)."""
+    one starts no settle; a failed recycle keeps its proxy's spell)."""
     scaled = {c.group for c in applied if isinstance(c, Scale)}
     groups: dict[str, GroupMemory] = dict(the_plan.observed.groups)
     for name in scaled:
         groups[name] = replace(groups.get(name, GroupMemory()), last_change_at=now)
-    return PlannerState(groups)
+    # A proxy replaced has left the fleet, and its spell with it.
+    gone = {c.proxy for c in applied if isinstance(c, Recycle)}
+    spells = {n: t for n, t in the_plan.observed.unhealthy_since.items() if n not in gone}
+    return PlannerState(groups, spells)
 
 
 def _signal(change: Change, signals: Signals, groups: Sequence[FleetGroup]) -> dict[str, Any]:
@@ -368,6 +371,8 @@ def _signal(change: Change, signals: Signals, groups: Sequence[FleetGroup]) -> d
             p.name: p.created_at for g in groups for p in g.proxies if p.name == change.proxy
         }.get(change.proxy)
         out: dict[str, Any] = {"healthy": proxy.healthy if proxy else None}
+        if change.rule == "unhealthyFor":
+            out["unhealthy"] = proxy.unhealthy if proxy else None
         if change.rule == "bannedSites" and proxy is not None:
             out |= {
                 "blockedSites": proxy.blocked_sites,

@@ -23,6 +23,9 @@ class ProxySignal:
     healthy: bool  # `health` is "healthy"
     blocked_sites: int = 0  # distinct sites that reported it blocked within the window
     last_blocked_at: datetime | None = None  # the latest such report
+    # `health` is "unhealthy": its probes failed. Not "unknown" (not probed
+    # yet, or a share no replica probes), which says nothing of the proxy.
+    unhealthy: bool = False
 
 
 @dataclass(frozen=True)

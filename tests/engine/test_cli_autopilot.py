@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
+from health.model import Health
 from proxyinfra.autopilot.automation import AutomationStack
 from proxyinfra.autopilot.targets import proxy_urn
 from tests.support.autopilot_cli import World, decisions
@@ -377,6 +378,35 @@ def test_a_failed_update_names_its_cause_and_undoes_its_edit(world: World) -> No
     assert len(world.history()) == len(history) + 1  # the failed update, in the history
     passwords = [p["auth"]["password"] for p in world.publish()["proxies"] if "auth" in p]
     assert passwords and not any(pw in done.stdout + done.stderr for pw in passwords)
+
+
+@pytest.mark.step
+def test_a_proxy_the_service_judges_unhealthy_for_unhealthy_for_is_replaced(world: World) -> None:
+    """A VM that died (a Spot VM preempted and deleted): the first round
+    remembers when the service first judged it unhealthy (in the state file,
+    for the next `--once`), a round past `unhealthyFor` replaces it."""
+    policy = {"recycle": {"unhealthyFor": "1s", "healthyFloor": 1}, "maxChangesPerRound": 1}
+    world.stack.write_config({**world.config(), "autopilot": policy})
+    world.publish()
+    fake = world.service.fake
+    assert fake is not None and "edge-0" in fake.states
+    world.service.call(lambda: fake.set("edge-0", Health.UNHEALTHY, "refused"))
+    first = world.autopilot("--once")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert not [d for d in decisions(first) if d["event"] == "change"]
+    assert list(json.loads(world.state.read_text())["unhealthySince"]) == ["edge-0"]
+    time.sleep(1.5)  # real time for the real command's clock to pass unhealthyFor
+    second = world.autopilot("--once")
+    assert second.returncode == 0, second.stdout + second.stderr
+    [change] = [d for d in decisions(second) if d["event"] == "change"]
+    assert change["result"] == "applied", change
+    assert change["rule"] == "unhealthyFor" and change["proxies"] == ["edge-0", "edge-0-g2"]
+    assert change["signal"]["unhealthy"] is True
+    assert world.config()["generations"]["edge-0"] == 2
+    names = [p["name"] for p in world.publish()["proxies"]]
+    assert "edge-0-g2" in names and "edge-0" not in names
+    assert json.loads(world.state.read_text())["unhealthySince"] == {}
+    assert world.history()[0]["message"] == change["message"]
 
 
 def _thaw(process: subprocess.Popen[Any]) -> None:

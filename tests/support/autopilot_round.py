@@ -147,10 +147,12 @@ def answer(
     blocked: Mapping[str, int] | None = None,
     refused: Mapping[str, int] | None = None,
     leased: Mapping[str, int] | None = None,
+    health: Mapping[str, str] | None = None,
     window: int = 600,
 ) -> dict[str, Any]:
-    """GET /v1/signals's answer for replicas NAMES (all healthy)."""
+    """GET /v1/signals's answer for replicas NAMES (healthy unless HEALTH says)."""
     blocked, refused, leased = blocked or {}, refused or {}, leased or {}
+    health = health or {}
     last = (clock.now() - timedelta(seconds=30)).isoformat()
     groups = sorted({n.split("-")[0] for n in names})
     return {
@@ -160,7 +162,7 @@ def answer(
             {
                 "name": n,
                 "group": n.split("-")[0],
-                "health": "healthy",
+                "health": health.get(n, "healthy"),
                 "leased": False,
                 "blockedSites": blocked.get(n, 0),
                 "blocks": blocked.get(n, 0),

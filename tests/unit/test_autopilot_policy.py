@@ -173,7 +173,7 @@ def test_unknown_keys_are_named_with_the_allowed_ones(tmp_path: Path) -> None:
     errors = errors_of(config(tmp_path, block), tmp_path)
     assert errors == [
         "autopilot.recycle.bannedSite: unknown key (allowed: bannedSites, egressPerPod, "
-        "healthyFloor, maxAge, window); did you mean 'bannedSites'?",
+        "healthyFloor, maxAge, unhealthyFor, window); did you mean 'bannedSites'?",
         "autopilot.scale.groups.home.maximum: unknown key (allowed: max, min); did you mean 'max'?",
         "autopilot.maxChanges: unknown key (allowed: maxChangesPerRound, recycle, scale); did "
         "you mean 'maxChangesPerRound'?",
@@ -217,7 +217,7 @@ def test_egress_per_pod_names_kubernetes_providers(tmp_path: Path) -> None:
 def test_a_recycle_block_needs_a_rule(tmp_path: Path) -> None:
     block = policy(recycle={"window": "5m"})
     assert errors_of(config(tmp_path, block), tmp_path) == [
-        "autopilot.recycle: nothing to recycle by: set bannedSites, maxAge or both"
+        "autopilot.recycle: nothing to recycle by: set bannedSites, maxAge, unhealthyFor or several"
     ]
 
 

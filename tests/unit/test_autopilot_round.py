@@ -46,6 +46,30 @@ def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_p
     assert world.files.path.exists()
 
 
+def test_a_proxy_down_through_rounds_of_separate_processes_is_recycled(tmp_path: Path) -> None:
+    """The spell outlives the process (`--once` from cron): the first round
+    writes when it began to the state file, a later process reads it."""
+    world = World(tmp_path, {"recycle": {"unhealthyFor": "30m", "healthyFloor": 1}}, {"home": 2})
+    world.clock.advance(timedelta(hours=1))
+    began = world.clock.now()
+    down = {"home-0": "unhealthy"}
+    world.signals.answer = answer(world.clock, world.names(), health=down)
+    assert world.pilot().round() == "planned"
+    assert world.stack.updates == []
+    saved = json.loads(world.files.path.read_text())
+    assert saved["unhealthySince"] == {"home-0": began.isoformat()}
+    world.clock.advance(timedelta(minutes=30))
+    world.signals.answer = answer(world.clock, world.names(), health=down)
+    assert world.pilot().round() == "planned"  # a new Autopilot: what a new process has
+    [(message, targets)] = world.stack.updates
+    assert message == "autopilot: recycle home-0 (home): unhealthy for 30m (unhealthyFor 30m)"
+    assert targets == (urn("home-0"), urn("home-0-g2"))
+    [line] = world.lines("change")
+    assert line["rule"] == "unhealthyFor" and line["signal"]["unhealthy"] is True
+    # The replaced proxy's spell is over: its name left the fleet.
+    assert json.loads(world.files.path.read_text())["unhealthySince"] == {}
+
+
 def test_only_an_update_creating_kvm_proxies_alone_skips_the_checkpoints(tmp_path: Path) -> None:
     """kvm creates take over what a killed run left (fixed names), so its
     updates may write the state once, at the end; a gcp instance lost from
