@@ -8,11 +8,12 @@ targets and misbehaving "proxies" are asyncio servers on 127.0.0.1
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import ssl
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -396,50 +397,50 @@ def test_engine_probes_a_proxy_added_to_the_fleet_at_once() -> None:
     from what was probed, not from milliseconds a loaded machine stretches)."""
 
     async def body() -> None:
-        async with FakeProxy(ports=3) as fake, Target() as target:
-            eng = HealthEngine(target=f"127.0.0.1:{target.port}", interval=3600.0)
-            p0, p1, p2 = (
-                ProxyEndpoint(f"p{i}", "127.0.0.1", port) for i, port in enumerate(fake.ports)
-            )
-            eng.set_fleet([p0, p1])
-            await eng.start()
-            try:
-                await _probed(fake, {p0.port: 1, p1.port: 1})
-                eng.set_fleet([p1, p2])
-                await _probed(fake, {p2.port: 1})
-                assert fake.per_port[p1.port] == 1  # no round came between
-                assert eng.health("p0") is None
-                assert [(p.name, p.health) for p in eng.all()] == [
-                    ("p1", Health.HEALTHY),
-                    ("p2", Health.HEALTHY),
-                ]
-            finally:
-                await eng.stop()
+        async with _three_proxies(interval=3600.0) as (fake, eng, (p0, p1, p2)):
+            await _probed(fake, {p0.port: 1, p1.port: 1})
+            eng.set_fleet([p1, p2])
+            await _probed(fake, {p2.port: 1})
+            assert fake.per_port[p1.port] == 1  # no round came between
+            assert eng.health("p0") is None
+            assert [(p.name, p.health) for p in eng.all()] == [
+                ("p1", Health.HEALTHY),
+                ("p2", Health.HEALTHY),
+            ]
 
     run(body())
 
 
 def test_engine_stops_probing_a_proxy_removed_and_goes_on_with_the_rest() -> None:
     async def body() -> None:
-        async with FakeProxy(ports=3) as fake, Target() as target:
-            eng = HealthEngine(target=f"127.0.0.1:{target.port}", interval=0.2)
-            p0, p1, p2 = (
-                ProxyEndpoint(f"p{i}", "127.0.0.1", port) for i, port in enumerate(fake.ports)
-            )
-            eng.set_fleet([p0, p1])
-            await eng.start()
-            try:
-                await _probed(fake, {p0.port: 2, p1.port: 2})
-                eng.set_fleet([p1, p2])
-                await _probed(fake, {p2.port: 1})  # by then a probe of p0 in flight has ended
-                removed, kept = fake.per_port[p0.port], fake.per_port[p1.port]
-                await _probed(fake, {p1.port: kept + 3})  # three rounds more
-                assert fake.per_port[p0.port] == removed
-                assert eng.health("p0") is None
-            finally:
-                await eng.stop()
+        async with _three_proxies(interval=0.2) as (fake, eng, (p0, p1, p2)):
+            await _probed(fake, {p0.port: 2, p1.port: 2})
+            eng.set_fleet([p1, p2])
+            await _probed(fake, {p2.port: 1})  # by then a probe of p0 in flight has ended
+            removed, kept = fake.per_port[p0.port], fake.per_port[p1.port]
+            await _probed(fake, {p1.port: kept + 3})  # three rounds more
+            assert fake.per_port[p0.port] == removed
+            assert eng.health("p0") is None
 
     run(body())
+
+
+@contextlib.asynccontextmanager
+async def _three_proxies(
+    interval: float,
+) -> AsyncIterator[tuple[FakeProxy, HealthEngine, tuple[ProxyEndpoint, ...]]]:
+    """Three fake proxies p0, p1, p2; an engine probing p0 and p1, started."""
+    async with FakeProxy(ports=3) as fake, Target() as target:
+        eng = HealthEngine(target=f"127.0.0.1:{target.port}", interval=interval)
+        proxies = tuple(
+            ProxyEndpoint(f"p{i}", "127.0.0.1", port) for i, port in enumerate(fake.ports)
+        )
+        eng.set_fleet(proxies[:2])
+        await eng.start()
+        try:
+            yield fake, eng, proxies
+        finally:
+            await eng.stop()
 
 
 async def _probed(fake: FakeProxy, counts: dict[int, int], within: float = 30.0) -> None:
