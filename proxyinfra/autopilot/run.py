@@ -151,6 +151,9 @@ class Autopilot:
         if self.room is not None and policy.scale is not None:
             read = self.room.read(config, groups, set(policy.scale.groups))
         the_plan = plan(policy, read.groups, signals, read.room, memory.planner, now)
+        spells = the_plan.observed.unhealthy_since
+        self.status.unhealthy.set(len(spells))
+        self.status.set(unhealthySince={n: t.isoformat() for n, t in sorted(spells.items())})
         for held in (*read.held, *the_plan.held):
             self.log.write(
                 "held", subject=held.subject, rule=held.rule, message=held.message, result="held"

@@ -15,6 +15,9 @@ Metrics (registry of this process):
 - ``egress_autopilot_paused``: 1 while paused.
 - ``egress_autopilot_capped_changes``: changes held now by the retry cap.
 - ``egress_autopilot_waiting_for_lock``: 1 while it waits for another's lock.
+- ``egress_autopilot_unhealthy_proxies``: proxies the service judged
+  unhealthy at the last round (with ``recycle.unhealthyFor``; their spells'
+  starts in the status document, ``unhealthySince``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ class Status:
             "1 while waiting for another operation's stack lock",
             registry=self.registry,
         )
+        self.unhealthy = Gauge(
+            "egress_autopilot_unhealthy_proxies",
+            "Proxies judged unhealthy at the last round (with recycle.unhealthyFor)",
+            registry=self.registry,
+        )
         self._lock = threading.Lock()
         self._doc: dict[str, Any] = {
             "stack": stack,
@@ -66,6 +74,7 @@ class Status:
             "lastRound": None,
             "capped": [],
             "waitingFor": None,
+            "unhealthySince": {},
         }
 
     def set(self, **fields: Any) -> None:

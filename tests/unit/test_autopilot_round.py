@@ -250,9 +250,11 @@ def test_the_loop_logs_a_rounds_error_and_goes_on(tmp_path: Path) -> None:
 
 
 def test_status_and_metrics_are_served(tmp_path: Path) -> None:
-    world = World(tmp_path, RECYCLE, {"home": 2})
+    policy = {"recycle": {**RECYCLE["recycle"], "unhealthyFor": "30m"}}
+    world = World(tmp_path, policy, {"home": 3})
     world.clock.advance(timedelta(hours=1))
-    world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3})
+    health = {"home-2": "unhealthy"}
+    world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3}, health=health)
     world.pilot().round()
     server = serve(world.status, "127.0.0.1", 0)
     try:
@@ -261,6 +263,9 @@ def test_status_and_metrics_are_served(tmp_path: Path) -> None:
         assert status["stack"] == "sim" and status["lastRound"]["result"] == "planned"
         metrics = httpx.get(f"{base}/metrics").text
         assert 'egress_autopilot_changes_total{kind="recycle",result="applied"} 1.0' in metrics
+        # home-2 down since this round: watched, not recycled yet.
+        assert status["unhealthySince"] == {"home-2": world.clock.now().isoformat()}
+        assert "egress_autopilot_unhealthy_proxies 1.0" in metrics
         assert httpx.get(f"{base}/nothing").status_code == 404
     finally:
         server.shutdown()
