@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from proxyinfra.autopilot.policy import AutopilotPolicy
+from proxyinfra.autopilot_checks import check_autopilot
 from proxyinfra.backend import Backend
 from proxyinfra.clients import client_ranges
 from proxyinfra.config import (
@@ -88,7 +89,7 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     if squid is not None:
         _check_squid(squid, proxies, providers, c)
     if autopilot is not None:
-        _check_autopilot(autopilot, raw.get("proxies"), proxies, providers, c)
+        check_autopilot(autopilot, _raw_names(raw.get("proxies")), proxies, providers, c)
     per_pod = (
         None if raw.get("autopilot") is not None and autopilot is None else _per_pod(autopilot)
     )
@@ -223,56 +224,6 @@ def _parse_discovery(value: Any, c: _Collector) -> DiscoveryConfig | None:
 def _per_pod(policy: AutopilotPolicy | None) -> list[str]:
     recycle = policy.recycle if policy is not None else None
     return list(recycle.egress_per_pod) if recycle is not None else []
-
-
-def _check_autopilot(
-    policy: AutopilotPolicy,
-    raw_proxies: Any,
-    proxies: list[tuple[int, ProxyEntry]],
-    providers: dict[str, ProviderEntry],
-    c: _Collector,
-) -> None:
-    """The policy against the rest: groups are provisioned proxies[] entries
-    (their own errors listed already when they are broken), bounds in order,
-    egressPerPod names kubernetes providers."""
-    recycle, scale = policy.recycle, policy.scale
-    if recycle is not None:
-        if all(
-            rule is None for rule in (recycle.banned_sites, recycle.max_age, recycle.unhealthy_for)
-        ):
-            c.add(
-                "autopilot.recycle",
-                "nothing to recycle by: set bannedSites, maxAge, unhealthyFor or several",
-            )
-        for j, name in enumerate(recycle.egress_per_pod):
-            kind = providers[name].type if name in providers else None
-            if kind != "kubernetes":
-                what = f"is a {kind} provider" if kind else "is no provider"
-                c.add(
-                    f"autopilot.recycle.egressPerPod[{j}]",
-                    f"{name!r} {what}; only kubernetes providers are listed here",
-                )
-    if scale is None:
-        return
-    entries = {p.name: p for _, p in proxies}
-    listed = set(_raw_names(raw_proxies))
-    registered = backends()
-    for name, bounds in scale.groups.items():
-        path = f"autopilot.scale.groups.{name}"
-        entry = entries.get(name)
-        if entry is None:
-            if name not in listed:
-                known = ", ".join(entries) or "none defined"
-                c.add(path, f"unknown proxies[] entry {name!r} (proxies: {known})")
-        elif entry.provider in providers:
-            provider = providers[entry.provider]
-            if not registered[provider.type].provisions:
-                c.add(
-                    path,
-                    f"{name!r} is on {provider.type} provider {provider.name!r}, whose proxies have no replicas to scale",
-                )
-        if bounds.min > bounds.max:
-            c.add(f"{path}.min", f"greater than max ({bounds.max}) (got {bounds.min})")
 
 
 def _raw_names(raw_proxies: Any) -> list[str]:

@@ -221,6 +221,23 @@ def test_a_recycle_block_needs_a_rule(tmp_path: Path) -> None:
     ]
 
 
+def test_unhealthy_for_alone_is_a_rule_and_under_a_boot_is_a_warning(tmp_path: Path) -> None:
+    config_ = validate(config(tmp_path, policy(recycle={"unhealthyFor": "30m"})), tmp_path)
+    assert config_.autopilot is not None and config_.autopilot.recycle is not None
+    assert config_.autopilot.recycle.unhealthy_for == timedelta(minutes=30)
+    assert config_.warnings == []
+    short = validate(config(tmp_path, policy(recycle={"unhealthyFor": "4m59s"})), tmp_path)
+    assert short.warnings == [
+        "autopilot.recycle.unhealthyFor is 4m59s, under 5m: a new proxy is unhealthy until it "
+        "has booted and squid answers (minutes; more where the boot installs squid), so a "
+        "replacement still booting would be replaced again"
+    ]
+    assert errors_of(config(tmp_path, policy(recycle={"unhealthyFor": "soon"})), tmp_path) == [
+        "autopilot.recycle.unhealthyFor: not a duration such as 30s, 10m, 1h30m or 2d "
+        "(units d, h, m, s) (got 'soon')"
+    ]
+
+
 def test_policy_errors_come_with_the_others_in_one_message(tmp_path: Path) -> None:
     raw = config(tmp_path, policy(recycle={"bannedSites": 3, "window": "soon"}))
     raw["squid"]["port"] = 0

@@ -12,7 +12,7 @@ from proxyinfra.autopilot.changes import Held, Plan, PlannerState, Recycle
 from proxyinfra.autopilot.fleet import FleetGroup, Room
 from proxyinfra.autopilot.plan import plan
 from proxyinfra.autopilot.signals import ProxySignal, Signals
-from tests.unit.test_autopilot_plan import NOW, WINDOW, fine, group, policy
+from tests.support.autopilot_plan import NOW, WINDOW, fine, group, policy
 
 DOWN = ProxySignal(healthy=False, unhealthy=True)
 UNKNOWN = ProxySignal(healthy=False)  # not probed yet: says nothing of the proxy
