@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from providers.gcp.squid_sync import (
+    AGENT_PATH,
     DIGEST_KEY,
     squid_digest,
     squid_metadata,
@@ -146,6 +147,41 @@ def test_a_config_squid_refuses_is_never_applied(
         # Then the digest that goes with them: applied.
         gce_server.set(metadata(replace(good, connect_ports=("443",)), None))
         wait_for("ports narrowed", lambda: status(port, echo, None) == 403, guest)
+
+
+def test_applies_at_once_wait_for_each_other(gce_server: MetadataServer, echo: EchoServer) -> None:
+    """The unit and a boot's `--once` can overlap (the unit is enabled, so it
+    may start first at a reboot). Each apply first clears the work
+    directories of applies that died, so it must never run beside another:
+    the second waits for the lock while the first is held in its reads."""
+    port = free_port()
+    first = settings(port, auth_username=None)
+    gce_server.set(metadata(first, None))
+    with closing(Guest(render_startup_script(), gce_server.host)) as guest:
+        assert guest.boot_status() == 0, guest.log()
+        applied = squid_digest(render_squid_conf(first), None)
+        reported = "egress-proxies/squid-sha256"
+        wait_for(
+            "the watch under way", lambda: gce_server.guest_attribute(reported) == applied, guest
+        )
+        once = ("env", f"GCE_METADATA_HOST={gce_server.host}", AGENT_PATH, "--once")
+        gce_server.hold(DIGEST_KEY)
+        held = guest.popen(*once)
+        try:
+            assert gce_server.held(DIGEST_KEY, APPLIED_WITHIN_S)  # inside its apply
+            waiting = guest.popen(*once)
+            wait_for(
+                "the second at the lock",
+                lambda: guest.run("pgrep", "-x", "flock").returncode == 0,
+                guest,
+            )
+        finally:
+            gce_server.release(DIGEST_KEY)
+        assert held.wait(timeout=APPLIED_WITHIN_S) == 0, held.stdout.read() if held.stdout else ""
+        out = waiting.communicate(timeout=APPLIED_WITHIN_S)[0]
+        assert waiting.returncode == 0, out
+        assert listed(guest) == ["squid.conf"]
+        assert status(port, echo, None) == 200
 
 
 def test_a_change_undone_and_redone_while_the_agent_reads_is_applied(

@@ -195,22 +195,19 @@ class Guest:
         children = Path(f"/proc/{self._unshare.pid}/task/{self._unshare.pid}/children")
         return int(children.read_text().split()[0])
 
+    def _entered(self, command: tuple[str, ...]) -> list[str]:
+        """COMMAND in the guest's mount, PID and UTS namespaces."""
+        target = str(self._init_pid())
+        return ["nsenter", "--target", target, "--mount", "--pid", "--uts", "--", *command]
+
     def run(self, *command: str) -> subprocess.CompletedProcess[str]:
-        """A command in the guest's mount, PID and UTS namespaces."""
-        return subprocess.run(
-            [
-                "nsenter",
-                "--target",
-                str(self._init_pid()),
-                "--mount",
-                "--pid",
-                "--uts",
-                "--",
-                *command,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
+        """A command in the guest, waited for."""
+        return subprocess.run(self._entered(command), capture_output=True, text=True, timeout=30)
+
+    def popen(self, *command: str) -> subprocess.Popen[str]:
+        """A command in the guest, started (its output, both streams, in one pipe)."""
+        return subprocess.Popen(
+            self._entered(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
     def read(self, path: str) -> str | None:
