@@ -96,13 +96,13 @@ def plan(
         held,
     )
     scaled = {c.group for c in changes if isinstance(c, Scale)}
-    recycled = [c for c in changes if isinstance(c, Recycle)]
+    recycled = {c.proxy for c in changes if isinstance(c, Recycle)}
     after = PlannerState(
         {
             name: replace(memory, last_change_at=now) if name in scaled else memory
             for name, memory in observed.groups.items()
         },
-        {n: t for n, t in spells.items() if n not in {c.proxy for c in recycled}},
+        {n: t for n, t in spells.items() if n not in recycled},  # replaced: gone
     )
     return Plan(tuple(changes), tuple(held), after, observed)
 
