@@ -128,7 +128,7 @@ def recycle_wishes(
                 )
             else:
                 continue
-            refusal = _not_recyclable(group, policy)
+            refusal = _not_recyclable(group, policy, rule)
             if refusal is not None:
                 held.append(Held(proxy.name, rule, f"{reason}; but {refusal}"))
                 continue
@@ -161,13 +161,18 @@ def _banned_sites(proxy: FleetProxy, signal: ProxySignal | None) -> int:
     return signal.blocked_sites
 
 
-def _not_recyclable(group: FleetGroup, policy: RecyclePolicy) -> str | None:
+def _not_recyclable(group: FleetGroup, policy: RecyclePolicy, rule: str) -> str | None:
     if group.backend == EXTERNAL:
         return (
             "external proxies are never recycled: the project did not make them and "
             "cannot give them a new address (take it out of rotation instead)"
         )
     if group.backend == KUBERNETES and group.provider not in policy.egress_per_pod:
+        if rule == "unhealthyFor":
+            return (
+                "kubernetes restarts a failing proxy pod itself (its liveness probe), and a "
+                "new pod would keep its node's egress address"
+            )
         return (
             "a new kubernetes pod keeps its node's egress address, so a recycle gives "
             f"no new one; list provider {group.provider!r} in autopilot.recycle.egressPerPod "

@@ -97,6 +97,26 @@ def test_the_longest_down_first_before_bans_and_external_ones_held() -> None:
     assert "external proxies are never recycled" in result.held[0].reason
 
 
+def test_a_kubernetes_pod_down_is_left_to_kubernetes() -> None:
+    pods = group("pods", 2, backend="kubernetes", provider="cluster")
+    state = PlannerState(unhealthy_since={"pods-0": NOW - timedelta(hours=1)})
+    result = at(NOW, [pods], {"pods-0": DOWN}, state)
+    assert result.changes == ()
+    assert result.held == (
+        Held(
+            "pods-0",
+            "unhealthyFor",
+            "unhealthy for 1h (unhealthyFor 30m); but kubernetes restarts a failing proxy pod "
+            "itself (its liveness probe), and a new pod would keep its node's egress address",
+        ),
+    )
+    # Where the cluster gives each pod its own egress address, a new pod is a new address.
+    per_pod = at(NOW, [pods], {"pods-0": DOWN}, state, {**RULE, "egressPerPod": ["cluster"]})
+    assert [(c.proxy, c.rule) for c in per_pod.changes if isinstance(c, Recycle)] == [
+        ("pods-0", "unhealthyFor")
+    ]
+
+
 def test_without_the_key_nothing_is_remembered() -> None:
     home = group("home", 2)
     result = at(NOW, [home], {"home-0": DOWN}, PlannerState(), {"bannedSites": 3})
