@@ -157,6 +157,7 @@ class AutomationStack:
                 type=r.get("type", ""),
                 parent=r.get("parent") or None,
                 created=_time(r.get("created")),
+                provider=r.get("provider") or None,
             )
             for r in found
         ]
@@ -209,6 +210,16 @@ class AutomationStack:
         )
         changes = {str(op): n for op, n in (summary.resource_changes or {}).items()}
         return Updated(number, changes, str(summary.start_time))
+
+    def refresh(self, targets: Sequence[str]) -> None:
+        args = ["refresh", "--yes", "--skip-preview"]
+        args += [f"--target={urn}" for urn in targets]
+        try:
+            self._cli(lambda: self._run([*args, "--color=never", "--suppress-progress"]))
+        except auto.ConcurrentUpdateError as error:
+            raise StackBusy(self.lock_holder() or _holder_of(str(error))) from None
+        except auto.CommandError as error:
+            raise UpdateFailed(failure_summary(str(error))) from None
 
     def _cli(self, command: Callable[[], T]) -> T:
         """Every CLI command of this stack: the stack file keeps no salt it

@@ -43,7 +43,7 @@ from proxyinfra.autopilot.plan import plan
 from proxyinfra.autopilot.room import RoomRead, RoomSource
 from proxyinfra.autopilot.seam import Clock, Deployed, StackBusy, UpdateFailed
 from proxyinfra.autopilot.seam import Stack as StackSeam
-from proxyinfra.autopilot.signals import Signals
+from proxyinfra.autopilot.signals import Signals, evidence
 from proxyinfra.autopilot.status import Status
 from proxyinfra.autopilot.targets import Edit, edit_for, fleet_groups
 from proxyinfra.config import StackConfig
@@ -203,7 +203,7 @@ class Autopilot:
             "kind": kind,
             "rule": change.rule,
             "group": change.group,
-            "signal": _signal(change, signals, groups),
+            "signal": evidence(change, signals, groups),
             "message": change.message,
         }
         failed = failures.get(key, [])
@@ -269,28 +269,10 @@ class Autopilot:
             while True:
                 holder = self.stack.lock_holder()
                 if holder is None:
-                    self.stack.set_config(edit.path, edit.after)
-                    if not edit.targets:
-                        # Nothing deployed changes (replicas never deployed leave):
-                        # an update without targets would be a whole `up`.
-                        return _Outcome("applied", error=None)
                     try:
-                        updated = self.stack.update(
-                            change.message,
-                            edit.targets,
-                            edit.registers,
-                            checkpoints=edit.checkpoints,
-                        )
+                        return self._attempt(change, edit)
                     except StackBusy as busy:
-                        self.stack.set_config(edit.path, edit.before)
                         holder = busy.holder or ""
-                    except UpdateFailed as failed:
-                        self.stack.set_config(edit.path, edit.before)
-                        return _Outcome("failed", error=str(failed))
-                    else:
-                        return _Outcome(
-                            "applied", updated.id, None, updated.changes, updated.started
-                        )
                 if holder != seen:
                     seen = holder
                     self.status.set(waitingFor=holder or "unknown")
@@ -319,6 +301,30 @@ class Autopilot:
         finally:
             self.status.set(waitingFor=stale)
             self.status.waiting.set(0)
+
+    def _attempt(self, change: Change, edit: Edit) -> _Outcome:
+        """The refresh EDIT asks for, then the edit and its update; the edit
+        undone unless the update succeeded. StackBusy: nothing changed."""
+        try:
+            if edit.refresh:
+                self.stack.refresh(edit.refresh)
+        except UpdateFailed as failed:
+            return _Outcome("failed", error=f"its refresh: {failed}")
+        self.stack.set_config(edit.path, edit.after)
+        if not edit.targets:
+            # Nothing deployed changes (replicas never deployed leave): an
+            # update without targets would be a whole `up`.
+            return _Outcome("applied", error=None)
+        try:
+            updated = self.stack.update(
+                change.message, edit.targets, edit.registers, checkpoints=edit.checkpoints
+            )
+        except (StackBusy, UpdateFailed) as error:
+            self.stack.set_config(edit.path, edit.before)
+            if isinstance(error, StackBusy):
+                raise
+            return _Outcome("failed", error=str(error))
+        return _Outcome("applied", updated.id, None, updated.changes, updated.started)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -364,36 +370,3 @@ def _after(the_plan: Plan, applied: Sequence[Change], now: datetime) -> PlannerS
     gone = {c.proxy for c in applied if isinstance(c, Recycle)}
     spells = {n: t for n, t in the_plan.observed.unhealthy_since.items() if n not in gone}
     return PlannerState(groups, spells)
-
-
-def _signal(change: Change, signals: Signals, groups: Sequence[FleetGroup]) -> dict[str, Any]:
-    """What the service said that the change answers (for the decision log)."""
-    if isinstance(change, Recycle):
-        proxy = signals.proxies.get(change.proxy)
-        made = {
-            p.name: p.created_at for g in groups for p in g.proxies if p.name == change.proxy
-        }.get(change.proxy)
-        out: dict[str, Any] = {"healthy": proxy.healthy if proxy else None}
-        if change.rule == "unhealthyFor":
-            out["unhealthy"] = proxy.unhealthy if proxy else None
-        if change.rule == "bannedSites" and proxy is not None:
-            out |= {
-                "blockedSites": proxy.blocked_sites,
-                "lastBlockedAt": _iso(proxy.last_blocked_at),
-            }
-        out["createdAt"] = _iso(made)
-        out["window"] = int(signals.window.total_seconds())
-        return out
-    group = signals.groups.get(change.group)
-    out = {"replicas": change.before, "window": int(signals.window.total_seconds())}
-    if group is not None:
-        out |= {
-            "refused": group.refused,
-            "perMinute": round(signals.unmet_per_minute(group), 3),
-            "leased": group.leased,
-        }
-    return out
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None

@@ -26,6 +26,7 @@ class DeployedResource:
     type: str
     parent: str | None = None
     created: datetime | None = None  # when the engine first made it (state's `created`)
+    provider: str | None = None  # its provider reference (state's `provider`: URN::ID)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ class Stack(Protocol):
         (proxyinfra/partial.py); the state written after each step unless
         CHECKPOINTS is False and the operator did not say otherwise; raises
         StackBusy when the lock is held, UpdateFailed when it fails."""
+
+    def refresh(self, targets: Sequence[str]) -> None:
+        """`pulumi refresh` of TARGETS only (URNs: resources and the
+        providers they need); raises StackBusy when the lock is held,
+        UpdateFailed when it fails."""
 
 
 class Clock(Protocol):

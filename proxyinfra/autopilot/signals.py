@@ -11,9 +11,13 @@ threshold. Times are aware datetimes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
+
+from proxyinfra.autopilot.changes import Change, Recycle
+from proxyinfra.autopilot.fleet import FleetGroup
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,36 @@ class Signals:
 
     def unmet_per_minute(self, group: GroupSignal) -> float:
         return group.refused / (self.window.total_seconds() / 60)
+
+
+def evidence(change: Change, signals: Signals, groups: Sequence[FleetGroup]) -> dict[str, Any]:
+    """What the service said that the change answers (for the decision log)."""
+    if isinstance(change, Recycle):
+        proxy = signals.proxies.get(change.proxy)
+        made = {
+            p.name: p.created_at for g in groups for p in g.proxies if p.name == change.proxy
+        }.get(change.proxy)
+        out: dict[str, Any] = {"healthy": proxy.healthy if proxy else None}
+        if change.rule == "unhealthyFor":
+            out["unhealthy"] = proxy.unhealthy if proxy else None
+        if change.rule == "bannedSites" and proxy is not None:
+            out |= {
+                "blockedSites": proxy.blocked_sites,
+                "lastBlockedAt": _iso(proxy.last_blocked_at),
+            }
+        out["createdAt"] = _iso(made)
+        out["window"] = int(signals.window.total_seconds())
+        return out
+    group = signals.groups.get(change.group)
+    out = {"replicas": change.before, "window": int(signals.window.total_seconds())}
+    if group is not None:
+        out |= {
+            "refused": group.refused,
+            "perMinute": round(signals.unmet_per_minute(group), 3),
+            "leased": group.leased,
+        }
+    return out
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

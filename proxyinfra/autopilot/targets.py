@@ -12,6 +12,11 @@ is targeted implicitly by the engine (3.274: providers and the root stack
 always are), so its ``fleet`` output, the manifest the discovery service
 reads, is written by the targeted update too.
 
+A recycle for being down (``unhealthyFor``) refreshes the leaving proxy
+first: its component, its descendants and their providers, named one by one
+(what died may be gone, and a delete of what is gone fails on some
+providers).
+
 An update whose creates are all of a backend that takes over what a killed
 run left (kvm: fixed names) writes the state once, at its end, instead of
 after every step (``PULUMI_SKIP_CHECKPOINTS``): on a file backend each
@@ -47,6 +52,11 @@ class Edit:
     # Whether the engine must write the state after each step: False when
     # every resource it creates is taken over by a rerun after a kill.
     checkpoints: bool = True
+    # Refreshed before the update (with their children): a proxy replaced for
+    # being down may be gone already (a VM that died, a GCP Spot VM deleted
+    # when preempted), and a delete of what is gone fails on some providers
+    # (pulumi-gcp's instance: a 404). The refresh drops it from the state.
+    refresh: tuple[str, ...] = ()
 
 
 def proxy_urn(stack: str, project: str, name: str) -> str:
@@ -67,6 +77,25 @@ def fleet_groups(config: StackConfig, deployed: Deployed) -> list[FleetGroup]:
 def _generations(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     found = raw.get("generations")
     return found if isinstance(found, Mapping) else {}
+
+
+def _with_children(urns: tuple[str, ...], deployed: Deployed) -> tuple[str, ...]:
+    """URNS, their descendants in the state, and the providers those use: a
+    targeted refresh loads no provider it is not given (3.274: "unknown
+    provider"), and its --target-dependents would take every resource of
+    a provider given, so each is named instead."""
+    found = list(urns)
+    for urn in found:  # grows as children are found: breadth first
+        found += [r.urn for r in deployed.resources if r.parent == urn and r.urn not in found]
+    mine = set(found)
+    providers = sorted(
+        {
+            r.provider.rsplit("::", 1)[0]
+            for r in deployed.resources
+            if r.urn in mine and r.provider is not None
+        }
+    )
+    return (*found, *providers)
 
 
 def edit_for(
@@ -104,6 +133,7 @@ def edit_for(
             (change.proxy, new),
             (new,),
             checkpoints,
+            _with_children(leaving, deployed) if change.rule == "unhealthyFor" else (),
         )
     raw_entry = raw["proxies"][index]
     before = raw_entry.get("replicas") if isinstance(raw_entry, Mapping) else None

@@ -105,6 +105,18 @@ class World:
         """Each `proxies[]` entry's replicas, as the stack's config file holds them."""
         return {p["name"]: int(p.get("replicas", 1)) for p in self.config()["proxies"]}
 
+    def vanish(self, name: str, host: str = "home--nas1") -> None:
+        """Replica NAME's domain gone from its host, as a VM that died and was
+        removed (a GCP Spot VM deleted when preempted is the like)."""
+        host_ = SimulatedHost(self.hosts / host, pool="default", network="n")
+        try:
+            dom = host_.libvirt().lookupByName(proxy_id(PROJECT, self.name, name))
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        finally:
+            host_.close()
+
     def mac(self, name: str, host: str = "home--nas1") -> str:
         host_ = SimulatedHost(self.hosts / host, pool="default", network="n")
         try:

@@ -69,6 +69,8 @@ class FakeStack:
         self.locked_polls = 0  # lock_holder answers a holder this many more times
         self.busy_updates = 0  # update raises StackBusy this many more times
         self.failing = 0  # update raises UpdateFailed this many more times
+        self.refreshes: list[tuple[str, ...]] = []
+        self.refresh_failing = 0  # refresh raises UpdateFailed this many more times
         self.deploy()
 
     def _names(self) -> list[str]:
@@ -128,6 +130,15 @@ class FakeStack:
         self.checkpoints.append(checkpoints)
         self.deploy()
         return Updated(len(self.updates) + 10, {"create": 1})
+
+    def refresh(self, targets: Sequence[str]) -> None:
+        if self.busy_updates > 0:
+            self.busy_updates -= 1
+            raise StackBusy("ops@laptop (pid 4242) since 2026-12-04T11:59:00Z")
+        if self.refresh_failing > 0:
+            self.refresh_failing -= 1
+            raise UpdateFailed("error: the host did not answer")
+        self.refreshes.append(tuple(targets))
 
 
 class FakeSignals:

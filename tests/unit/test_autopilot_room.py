@@ -196,6 +196,9 @@ class _Stack:
     def update(self, *args: Any, **kwargs: Any) -> Updated:
         raise AssertionError("a dry run runs no update")
 
+    def refresh(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a dry run refreshes nothing")
+
 
 class _Signals:
     def __init__(self, answer: Mapping[str, Any]) -> None:

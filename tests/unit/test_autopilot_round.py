@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxyinfra.autopilot.changes import PlannerState
+from proxyinfra.autopilot.memory import Memory
 from proxyinfra.autopilot.status import serve
 from proxyinfra.validation import ConfigError
 from tests.support.autopilot_round import (
@@ -40,6 +42,7 @@ def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_p
     [line] = world.lines("change")
     assert line["result"] == "applied" and line["update"] == 11
     assert line["kind"] == "recycle" and line["rule"] == "bannedSites"
+    assert world.stack.refreshes == []  # what is banned is there: nothing to refresh
     assert line["proxies"] == ["home-0", "home-0-g2"]
     assert line["signal"]["blockedSites"] == 3 and line["signal"]["healthy"] is True
     assert line["message"] == message and line["duration"] == 0
@@ -64,10 +67,25 @@ def test_a_proxy_down_through_rounds_of_separate_processes_is_recycled(tmp_path:
     [(message, targets)] = world.stack.updates
     assert message == "autopilot: recycle home-0 (home): unhealthy for 30m (unhealthyFor 30m)"
     assert targets == (urn("home-0"), urn("home-0-g2"))
+    # Refreshed first: what died may be gone, and some providers fail to delete what is.
+    assert world.stack.refreshes == [(urn("home-0"),)]
     [line] = world.lines("change")
     assert line["rule"] == "unhealthyFor" and line["signal"]["unhealthy"] is True
     # The replaced proxy's spell is over: its name left the fleet.
     assert json.loads(world.files.path.read_text())["unhealthySince"] == {}
+
+
+def test_a_failed_refresh_fails_the_change_before_any_edit(tmp_path: Path) -> None:
+    world = World(tmp_path, {"recycle": {"unhealthyFor": "30m", "healthyFloor": 1}}, {"home": 2})
+    world.files.save(Memory(PlannerState(unhealthy_since={"home-0": T0})))
+    world.clock.advance(timedelta(hours=1))
+    world.signals.answer = answer(world.clock, world.names(), health={"home-0": "unhealthy"})
+    world.stack.refresh_failing = 1
+    assert world.pilot().round() == "planned"
+    assert world.stack.edits == [] and world.stack.updates == []
+    [line] = world.lines("change")
+    assert line["result"] == "failed"
+    assert line["error"] == "its refresh: error: the host did not answer"
 
 
 def test_only_an_update_creating_kvm_proxies_alone_skips_the_checkpoints(tmp_path: Path) -> None:
