@@ -14,7 +14,8 @@ which proxies a rule wants replaced this round, and which it holds and why.
 - **maxAge**: a proxy whose generation is at least that old.
 - Never ``external`` proxies (the project cannot renumber them); never
   kubernetes ones unless their provider is in ``egressPerPod`` (a new pod
-  keeps the node's egress address). Both are held with the reason.
+  keeps the node's egress address; one down is Kubernetes' to restart).
+  Both are held with the reason.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ HTTP, JSON or a clock.
 The service counts over one window ending at its own clock (``at``); the
 autopilot asks with the policy's ``recycle.window``, and the planner refuses
 counts over another window rather than compare them with the wrong
-threshold. Times are aware datetimes.
+threshold. Times are aware datetimes. ``evidence`` gives what of them a
+change answers, for the decision log.
 """
 
 from __future__ import annotations
