@@ -60,7 +60,7 @@ class Held:
     """A change a rule asked for and another rule refused this round (the
     floor, K, room, settling, a backend that cannot give a new address)."""
 
-    subject: str  # a proxy or a group
+    subject: str  # a proxy, a group, or "stack" for the whole stack
     rule: str  # the rule that asked
     reason: str  # why not, in one line
 

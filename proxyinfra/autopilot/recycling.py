@@ -5,7 +5,7 @@ which proxies a rule wants replaced this round, and which it holds and why.
   at least that long is replaced (a VM that died, a Spot VM preempted and
   deleted). Unless no proxy of the stack is healthy: then the fault is more
   likely the service's probes than every proxy at once, and replacing the
-  fleet would cure nothing (held, with that reason).
+  fleet would cure nothing (held, in one line for the stack).
 - **bannedSites**: a proxy the service counted blocked by at least N
   distinct sites within the window, unless its latest report predates its
   current generation (all were its old address's), or the generation is
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from proxyinfra.autopilot.changes import Held, PlannerState, Recycle
 from proxyinfra.autopilot.fleet import EXTERNAL, KUBERNETES, FleetGroup, FleetProxy
@@ -84,6 +84,7 @@ def recycle_wishes(
         )
     wishes = RecycleWishes([], [], [])
     any_healthy = any(signal.healthy for signal in signals.proxies.values())
+    unserved: list[str] = []  # down long enough, held while no proxy is healthy
     for group in groups:
         for proxy in sorted(group.proxies, key=lambda p: p.name):
             signal = signals.proxies.get(proxy.name)
@@ -99,11 +100,7 @@ def recycle_wishes(
                     f"unhealthy for {fmt(now - since)} (unhealthyFor {fmt(policy.unhealthy_for)})"
                 )
                 if not any_healthy:
-                    why = (
-                        "no proxy of the stack is healthy: the service's probes may be failing, "
-                        "not every proxy at once"
-                    )
-                    held.append(Held(proxy.name, rule, f"{reason}; but {why}"))
+                    unserved.append(proxy.name)
                     continue
             elif policy.banned_sites is not None and sites >= policy.banned_sites:
                 rule = "bannedSites"
@@ -143,7 +140,27 @@ def recycle_wishes(
                 wishes.bans.append(RecycleWish(group, healthy, change, (-sites, *last)))
             else:
                 wishes.ages.append(RecycleWish(group, healthy, change, last))
+    if unserved:
+        # One line for them all: a service that lost its network judges every
+        # proxy down, and a line per proxy per round would flood the log.
+        assert policy.unhealthy_for is not None
+        held.append(Held(STACK, "unhealthyFor", _unserved(unserved, policy.unhealthy_for)))
     return wishes
+
+
+STACK = "stack"  # a held line's subject when it is about the whole stack
+_NAMED = 5
+
+
+def _unserved(names: Sequence[str], unhealthy_for: timedelta) -> str:
+    shown = ", ".join(names[:_NAMED]) + (
+        f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    )
+    return (
+        f"{len(names)} proxies unhealthy for at least {fmt(unhealthy_for)} ({shown}); but no "
+        "proxy of the stack is healthy: the service's probes may be failing, not every "
+        "proxy at once"
+    )
 
 
 def _age_key(proxy: FleetProxy) -> tuple[bool, datetime | float]:

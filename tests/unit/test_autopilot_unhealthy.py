@@ -60,20 +60,24 @@ def test_a_round_that_sees_it_healthy_or_unknown_starts_the_spell_over() -> None
         assert again.state.unhealthy_since == {"home-0": later}
 
 
-def test_with_no_proxy_of_the_stack_healthy_every_such_recycle_is_held() -> None:
-    home = group("home", 2)
-    down = {"home-0": DOWN, "home-1": DOWN}
+def test_with_no_proxy_of_the_stack_healthy_they_are_held_in_one_line() -> None:
+    home = group("home", 7)
+    down = {f"home-{i}": DOWN for i in range(7)}
     state = at(NOW, [home], down, PlannerState()).state
     result = at(NOW + timedelta(hours=1), [home], down, state)
     assert result.changes == ()
-    why = (
-        "unhealthy for 1h (unhealthyFor 30m); but no proxy of the stack is healthy: the "
-        "service's probes may be failing, not every proxy at once"
-    )
     assert result.held == (
-        Held("home-0", "unhealthyFor", why),
-        Held("home-1", "unhealthyFor", why),
+        Held(
+            "stack",
+            "unhealthyFor",
+            "7 proxies unhealthy for at least 30m (home-0, home-1, home-2, home-3, home-4 "
+            "and 2 more); but no proxy of the stack is healthy: the service's probes may be "
+            "failing, not every proxy at once",
+        ),
     )
+    # One healthy proxy is enough to act: the probes work.
+    well = at(NOW + timedelta(hours=1), [home], down | {"home-6": ProxySignal(True)}, state)
+    assert len([c for c in well.changes if isinstance(c, Recycle)]) == 6
 
 
 def test_the_longest_down_first_before_bans_and_external_ones_held() -> None:
