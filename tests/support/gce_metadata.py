@@ -53,6 +53,7 @@ class MetadataServer:
         self._changed = threading.Condition()
         self.guest_attributes: dict[str, str] = {}
         self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self._parked: dict[str, int] = {}  # long polls waiting on a key's change now
         self._closing = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -93,6 +94,12 @@ class MetadataServer:
             came.set()
             go.wait(60)
 
+    def parked(self, name: str) -> bool:
+        """Whether a long poll on key NAME waits for its change now: the agent
+        is between applies, not in one."""
+        with self._changed:
+            return self._parked.get(name, 0) > 0
+
     def guest_attribute(self, name: str) -> str | None:
         with self._changed:
             return self.guest_attributes.get(name)
@@ -115,9 +122,14 @@ class MetadataServer:
             self._wait_if_held(key)
         with self._changed:
             if waits:
-                self._changed.wait_for(
-                    lambda: self._closing or etag(self._metadata.get(key, "")) != last, timeout
-                )
+                parked = etag(self._metadata.get(key, "")) == last
+                self._parked[key] = self._parked.get(key, 0) + parked
+                try:
+                    self._changed.wait_for(
+                        lambda: self._closing or etag(self._metadata.get(key, "")) != last, timeout
+                    )
+                finally:
+                    self._parked[key] -= parked
             return self._metadata.get(key)
 
     def _all(self) -> str:
