@@ -88,14 +88,13 @@ def validate(raw: Mapping[str, Any], base_dir: Path) -> StackConfig:
     replicas = _check_proxies(proxies, providers, broken, c)
     if squid is not None:
         _check_squid(squid, proxies, providers, c)
+    listed = _raw_names(raw.get("proxies"))  # broken entries' names too
     if autopilot is not None:
-        check_autopilot(autopilot, _raw_names(raw.get("proxies")), proxies, providers, c)
+        check_autopilot(autopilot, listed, proxies, providers, c)
     per_pod = (
         None if raw.get("autopilot") is not None and autopilot is None else _per_pod(autopilot)
     )
-    generations = check_generations(
-        generations, proxies, _raw_names(raw.get("proxies")), providers, replicas, per_pod, c
-    )
+    generations = check_generations(generations, proxies, listed, providers, replicas, per_pod, c)
 
     if discovery is not None:
         check_discovery(discovery, providers, set(broken), squid, c)

@@ -7,8 +7,8 @@ name from a crawler's report cannot break either.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 _SHOWN = 300
@@ -89,6 +89,21 @@ class PlannerState:
 
     def memory(self, group: str) -> GroupMemory:
         return self.groups.get(group, GroupMemory())
+
+
+def after(observed: PlannerState, changes: Sequence[Change], now: datetime) -> PlannerState:
+    """The next round's state: OBSERVED, with CHANGES (made at NOW) recorded:
+    a scaled group's last change, and a recycled proxy's spell over (its
+    name has left the fleet). The planner passes every change it plans; the
+    round only those whose update went through (a failed scale starts no
+    settle, a failed recycle keeps its proxy's spell)."""
+    scaled = {c.group for c in changes if isinstance(c, Scale)}
+    gone = {c.proxy for c in changes if isinstance(c, Recycle)}
+    groups = dict(observed.groups)
+    for name in scaled:
+        groups[name] = replace(groups.get(name, GroupMemory()), last_change_at=now)
+    spells = {n: t for n, t in observed.unhealthy_since.items() if n not in gone}
+    return PlannerState(groups, spells)
 
 
 @dataclass(frozen=True)

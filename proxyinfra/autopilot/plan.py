@@ -36,6 +36,7 @@ from proxyinfra.autopilot.changes import (
     PlannerState,
     Recycle,
     Scale,
+    after,
 )
 from proxyinfra.autopilot.fleet import FleetGroup, Room
 from proxyinfra.autopilot.policy import AutopilotPolicy, ScalePolicy
@@ -95,16 +96,7 @@ def plan(
         room,
         held,
     )
-    scaled = {c.group for c in changes if isinstance(c, Scale)}
-    recycled = {c.proxy for c in changes if isinstance(c, Recycle)}
-    after = PlannerState(
-        {
-            name: replace(memory, last_change_at=now) if name in scaled else memory
-            for name, memory in observed.groups.items()
-        },
-        {n: t for n, t in spells.items() if n not in recycled},  # replaced: gone
-    )
-    return Plan(tuple(changes), tuple(held), after, observed)
+    return Plan(tuple(changes), tuple(held), after(observed, changes, now), observed)
 
 
 def _key(wish: RecycleWish | _ScaleWish) -> tuple[object, ...]:

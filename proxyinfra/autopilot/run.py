@@ -28,12 +28,12 @@ Safety, each rule once, here:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from proxyinfra.autopilot.changes import Change, GroupMemory, Plan, PlannerState, Recycle, Scale
+from proxyinfra.autopilot.changes import Change, Recycle, after
 from proxyinfra.autopilot.feed import SignalsSource, signals_from_answer
 from proxyinfra.autopilot.fleet import FleetGroup, Room
 from proxyinfra.autopilot.locks import StaleHolder
@@ -172,7 +172,7 @@ class Autopilot:
         self.status.set(capped=capped)
         result = "dry-run" if self.options.dry_run else "planned"
         if not self.options.dry_run:
-            state = _after(the_plan, applied, now)
+            state = after(the_plan.observed, applied, now)
             self.files.save(Memory(state, failures))
         self.log.write(
             "round",
@@ -319,11 +319,12 @@ class Autopilot:
             updated = self.stack.update(
                 change.message, edit.targets, edit.registers, checkpoints=edit.checkpoints
             )
-        except (StackBusy, UpdateFailed) as error:
+        except StackBusy:
             self.stack.set_config(edit.path, edit.before)
-            if isinstance(error, StackBusy):
-                raise
-            return _Outcome("failed", error=str(error))
+            raise
+        except UpdateFailed as failed:
+            self.stack.set_config(edit.path, edit.before)
+            return _Outcome("failed", error=str(failed))
         return _Outcome("applied", updated.id, None, updated.changes, updated.started)
 
     # -- the loop ------------------------------------------------------------------------
@@ -356,17 +357,3 @@ def _recent(failures: Mapping[str, Sequence[datetime]], now: datetime) -> dict[s
     """The failures of the last hour, per change (older ones no longer count)."""
     kept = {key: sorted(t for t in times if now - t < HOUR) for key, times in failures.items()}
     return {key: times for key, times in kept.items() if times}
-
-
-def _after(the_plan: Plan, applied: Sequence[Change], now: datetime) -> PlannerState:
-    """The next round's planner state: this round's observations, and a scale
-    change recorded only for the groups whose update went through (a failed
-    one starts no settle; a failed recycle keeps its proxy's spell)."""
-    scaled = {c.group for c in applied if isinstance(c, Scale)}
-    groups: dict[str, GroupMemory] = dict(the_plan.observed.groups)
-    for name in scaled:
-        groups[name] = replace(groups.get(name, GroupMemory()), last_change_at=now)
-    # A proxy replaced has left the fleet, and its spell with it.
-    gone = {c.proxy for c in applied if isinstance(c, Recycle)}
-    spells = {n: t for n, t in the_plan.observed.unhealthy_since.items() if n not in gone}
-    return PlannerState(groups, spells)
