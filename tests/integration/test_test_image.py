@@ -51,8 +51,10 @@ PACKAGE_LIST = ROOT / "scripts" / "test-image-packages.txt"
 CACHE = ROOT / ".cache" / "images"
 URI = "qemu:///system"
 # Fresh domain to lease on this machine (TCG): 19-29 s with the generic
-# kernel, 14-17 s with the cloud one; the bound leaves room for a busy host.
-LEASE_TIMEOUT = 60.0
+# kernel, 14-17 s with the cloud one, alone. In the whole suite (four workers
+# and other guests on two cores) one run's generic guest had its lease on the
+# console just past 60 s (December 6), so the bound is a wait, not a speed.
+LEASE_TIMEOUT = 120.0
 SEED_TIMEOUT = 30.0  # after the lease; the guest gives up looking after 20 s
 SHUTDOWN_TIMEOUT = 30.0
 
