@@ -21,6 +21,16 @@ def one_line(text: str) -> str:
     return line if len(line) <= _SHOWN else line[: _SHOWN - 3] + "..."
 
 
+NAMED = 5  # names a line that stands for many subjects lists
+
+
+def some(names: Sequence[str]) -> str:
+    """The first NAMED of NAMES, and how many more: a line that stands for
+    a thousand proxies stays one line."""
+    shown = ", ".join(names[:NAMED])
+    return shown + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
+
+
 @dataclass(frozen=True)
 class Recycle:
     """Replace PROXY by a new one (a new generation, a new address)."""

@@ -20,6 +20,7 @@ The rules, each once:
   scale-downs. A recycle never leaves a group fewer healthy proxies than
   ``healthyFloor``; a group with a recycle this round is not scaled down in it
   (the stack would remove its last replicas, maybe the one just replaced).
+  Past the limit, the next five wait in a held line each and the rest in one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from proxyinfra.autopilot.changes import (
+    NAMED,
     Change,
     GroupMemory,
     Held,
@@ -37,11 +39,13 @@ from proxyinfra.autopilot.changes import (
     Recycle,
     Scale,
     after,
+    some,
 )
 from proxyinfra.autopilot.fleet import FleetGroup, Room
 from proxyinfra.autopilot.policy import AutopilotPolicy, ScalePolicy
 from proxyinfra.autopilot.policy import format_duration as fmt
 from proxyinfra.autopilot.recycling import (
+    STACK,
     RecycleWish,
     RecycleWishes,
     recycle_wishes,
@@ -217,12 +221,13 @@ def _select(
     recycled: set[str] = set()
     taken: dict[str, dict[str, int]] = {}
     chosen: list[Change] = []
+    waiting: list[Held] = []
     for wish in wishes:
         change = wish.change
         subject = change.proxy if isinstance(change, Recycle) else change.group
         if len(chosen) >= limit:
             why = f"{limit} changes this round already (maxChangesPerRound {limit})"
-            held.append(Held(subject, change.rule, f"{change.reason}; but {why}"))
+            waiting.append(Held(subject, change.rule, f"{change.reason}; but {why}"))
             continue
         if isinstance(wish, RecycleWish):
             name = wish.group.name
@@ -267,4 +272,21 @@ def _select(
         for resource, need in group.needs.items():
             used[resource] = used.get(resource, 0) + need * (after - scale.before)
         chosen.append(scale)
+    held.extend(_bounded(waiting, limit))
     return chosen
+
+
+def _bounded(waiting: Sequence[Held], limit: int) -> list[Held]:
+    """The changes past the round's limit: the next NAMED in lines of their
+    own, with their reasons, and the rest in one line for the stack. After a
+    wave of bans a thousand recycles may wait, and a line each per round
+    would flood the log while they drain K at a time."""
+    if len(waiting) <= NAMED + 1:
+        return list(waiting)
+    rest = waiting[NAMED:]
+    rules = ",".join(sorted({h.rule for h in rest}))
+    reason = (
+        f"{len(rest)} more changes wait for later rounds ({some([h.subject for h in rest])}): "
+        f"maxChangesPerRound {limit}"
+    )
+    return [*waiting[:NAMED], Held(STACK, rules, reason)]

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from proxyinfra.autopilot.changes import Held, PlannerState, Recycle
+from proxyinfra.autopilot.changes import Held, PlannerState, Recycle, some
 from proxyinfra.autopilot.fleet import EXTERNAL, KUBERNETES, FleetGroup, FleetProxy
 from proxyinfra.autopilot.policy import RecyclePolicy
 from proxyinfra.autopilot.policy import format_duration as fmt
@@ -149,15 +149,11 @@ def recycle_wishes(
 
 
 STACK = "stack"  # a held line's subject when it is about the whole stack
-_NAMED = 5
 
 
 def _unserved(names: Sequence[str], unhealthy_for: timedelta) -> str:
-    shown = ", ".join(names[:_NAMED]) + (
-        f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
-    )
     return (
-        f"{len(names)} proxies unhealthy for at least {fmt(unhealthy_for)} ({shown}); but no "
+        f"{len(names)} proxies unhealthy for at least {fmt(unhealthy_for)} ({some(names)}); but no "
         "proxy of the stack is healthy: the service's probes may be failing, not every "
         "proxy at once"
     )

@@ -129,6 +129,25 @@ def test_at_most_k_changes_the_most_banned_first() -> None:
     )
 
 
+def test_past_k_the_next_five_wait_in_a_line_each_and_the_rest_in_one() -> None:
+    # A wave of bans: 13 proxies, most sites first (n-0 has 15 - n sites).
+    groups = [group(f"g{n:02}", 1) for n in range(13)]
+    signals = {f"g{n:02}-0": banned(15 - n) for n in range(13)}
+    result = run(policy({}, k=2), groups, signals)
+    assert [c.proxy for c in result.changes if isinstance(c, Recycle)] == ["g00-0", "g01-0"]
+    *own, rest = result.held
+    assert [h.subject for h in own] == [f"g{n:02}-0" for n in range(2, 7)]
+    assert all(h.reason.endswith("(maxChangesPerRound 2)") for h in own)
+    assert (rest.subject, rest.rule) == ("stack", "bannedSites")
+    assert rest.reason == (
+        "6 more changes wait for later rounds (g07-0, g08-0, g09-0, g10-0, g11-0 and 1 more): "
+        "maxChangesPerRound 2"
+    )
+    # Six waiting get six lines of their own: one line standing for one is no shorter.
+    result = run(policy({}, k=2), groups[:8], signals)
+    assert [h.subject for h in result.held] == [f"g{n:02}-0" for n in range(2, 8)]
+
+
 def test_k_counts_scale_changes_too() -> None:
     pol = policy({}, {"groups": {"home": {"min": 1, "max": 4}, "eu": {"min": 1, "max": 4}}}, k=2)
     groups = [group("home"), group("eu")]
