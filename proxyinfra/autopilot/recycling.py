@@ -85,6 +85,8 @@ def recycle_wishes(
     wishes = RecycleWishes([], [], [])
     any_healthy = any(signal.healthy for signal in signals.proxies.values())
     unserved: list[str] = []  # down long enough, held while no proxy is healthy
+    # By group, rule and refusal: the proxies a backend cannot give a new address.
+    refused: dict[tuple[str, str, str], list[Held]] = {}
     for group in groups:
         for proxy in sorted(group.proxies, key=lambda p: p.name):
             signal = signals.proxies.get(proxy.name)
@@ -128,7 +130,8 @@ def recycle_wishes(
                 continue
             refusal = _not_recyclable(group, policy, rule)
             if refusal is not None:
-                held.append(Held(proxy.name, rule, f"{reason}; but {refusal}"))
+                line = Held(proxy.name, rule, f"{reason}; but {refusal}")
+                refused.setdefault((group.name, rule, refusal), []).append(line)
                 continue
             change = Recycle(group.name, proxy.name, rule, reason)
             healthy = signal is not None and signal.healthy
@@ -140,6 +143,15 @@ def recycle_wishes(
                 wishes.bans.append(RecycleWish(group, healthy, change, (-sites, *last)))
             else:
                 wishes.ages.append(RecycleWish(group, healthy, change, last))
+    for (name, rule, refusal), lines in refused.items():
+        # One line for a group: past maxAge every pod of a kubernetes group
+        # stays refused, round after round, for as long as the group lives.
+        if len(lines) == 1:
+            held.extend(lines)
+            continue
+        subjects = [line.subject for line in lines]
+        reason = f"{len(lines)} of its proxies ({some(subjects)}) by {rule}; but {refusal}"
+        held.append(Held(name, rule, reason))
     if unserved:
         # One line for them all: a service that lost its network judges every
         # proxy down, and a line per proxy per round would flood the log.

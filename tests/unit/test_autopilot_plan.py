@@ -247,6 +247,19 @@ def test_kubernetes_proxies_are_refused_unless_the_cluster_egresses_per_pod() ->
     assert [c.proxy for c in allowed.changes if isinstance(c, Recycle)] == ["pods-0"]
 
 
+def test_a_group_s_refused_proxies_are_one_held_line() -> None:
+    # Past maxAge every pod stays refused, round after round: one line, not one a pod.
+    pods = group("pods", 7, backend="kubernetes", provider="cluster", made=NOW - timedelta(days=8))
+    result = run(policy({"maxAge": "7d"}), [pods], fine(pods))
+    assert result.changes == ()
+    [line] = result.held
+    assert (line.subject, line.rule) == ("pods", "maxAge")
+    assert line.reason.startswith(
+        "7 of its proxies (pods-0, pods-1, pods-2, pods-3, pods-4 and 2 more) by maxAge; "
+        "but a new kubernetes pod keeps its node's egress address"
+    )
+
+
 # --- scaling ------------------------------------------------------------------
 
 SCALE = {"groups": {"home": {"min": 2, "max": 4}}, "settle": "5m", "idleAfter": "15m"}
