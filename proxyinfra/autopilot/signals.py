@@ -63,9 +63,9 @@ def evidence(change: Change, signals: Signals, groups: Sequence[FleetGroup]) -> 
     """What the service said that the change answers (for the decision log)."""
     if isinstance(change, Recycle):
         proxy = signals.proxies.get(change.proxy)
-        made = {
-            p.name: p.created_at for g in groups for p in g.proxies if p.name == change.proxy
-        }.get(change.proxy)
+        made = next(
+            (p.created_at for g in groups for p in g.proxies if p.name == change.proxy), None
+        )
         out: dict[str, Any] = {"healthy": proxy.healthy if proxy else None}
         if change.rule == "unhealthyFor":
             out["unhealthy"] = proxy.unhealthy if proxy else None
