@@ -41,6 +41,18 @@ def load_stack(project_dir: Path, stack: str) -> StackConfig:
     return validate(read_raw(stack_file(project_dir, stack)), project_dir)
 
 
+def project_backend_url(project_dir: Path) -> str | None:
+    """``backend.url`` of the project's Pulumi.yaml, if it names one (the CLI
+    takes it when ``PULUMI_BACKEND_URL`` is not set)."""
+    try:
+        document = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
+    except FileNotFoundError:
+        return None
+    backend = document.get("backend") if isinstance(document, dict) else None
+    url = backend.get("url") if isinstance(backend, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
 def project_name(project_dir: Path) -> str:
     """The project's name from its Pulumi.yaml (proxy ids derive from it);
     the project's own name where there is none."""

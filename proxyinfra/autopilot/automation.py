@@ -49,7 +49,7 @@ from typing import TypeVar
 
 from pulumi import automation as auto
 
-from proxyinfra.autopilot.failure import failure_summary
+from proxyinfra.autopilot.failure import cli_error, failure_summary
 from proxyinfra.autopilot.locks import lock_holder
 from proxyinfra.autopilot.memory import backend_dir
 from proxyinfra.autopilot.saltless import fallback_env, keeping_saltless
@@ -57,6 +57,7 @@ from proxyinfra.autopilot.seam import (
     Deployed,
     DeployedResource,
     StackBusy,
+    StackUnavailable,
     Updated,
     UpdateFailed,
 )
@@ -138,10 +139,16 @@ class AutomationStack:
         self._file = stack_file(project_dir, name)
         # A file backend's directory (its checkpoint, history and locks are
         # read there, not through the CLI), or None for any other backend.
-        self._backend = backend_dir()
-        workspace = auto.LocalWorkspace(work_dir=str(project_dir), pulumi_command=command)
+        self._backend = backend_dir(project_dir)
+        try:
+            workspace = auto.LocalWorkspace(work_dir=str(project_dir), pulumi_command=command)
+        except OSError as error:  # the API runs `pulumi version` first
+            raise StackUnavailable(f"cannot run the pulumi CLI: {error}") from None
         workspace.env_vars = self._env  # (passed as an argument, an empty dict is copied)
-        self._stack = self._cli(lambda: auto.Stack.select(name, workspace))
+        try:
+            self._stack = self._cli(lambda: auto.Stack.select(name, workspace))
+        except auto.CommandError as error:
+            raise StackUnavailable(f"stack {name!r}: {cli_error(str(error))}") from None
         self._project = workspace.project_settings().name
 
     def read(self) -> Deployed:
@@ -149,7 +156,10 @@ class AutomationStack:
         root = self._backend
         found = checkpoint_resources(root, self._project, self.name) if root else None
         if found is None:
-            exported = self._cli(lambda: self._run(["stack", "export"]))
+            try:
+                exported = self._cli(lambda: self._run(["stack", "export"]))
+            except auto.CommandError as error:
+                raise StackUnavailable(f"stack {self.name!r}: {cli_error(str(error))}") from None
             found = (json.loads(exported.stdout).get("deployment") or {}).get("resources") or []
         resources = [
             DeployedResource(

@@ -9,7 +9,8 @@ directory (docs/autopilot.md, "Running it").
 The discovery service's token comes from ``$DISCOVERY_TOKEN`` (never a flag:
 it would show in `ps`). Exit status of ``--once``: 0 when every change went
 through (or none was due), 1 when one failed, waited out its lock or the
-signals could not be read, 2 for a bad config (each key by its path).
+signals could not be read or the stack could not be opened, 2 for a bad
+argument (named with its value) or config (each key by its path).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import argparse
 import contextlib
 import fcntl
 import getpass
+import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -26,13 +29,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, TextIO
+from urllib.parse import urlsplit
 
 from proxyinfra.autopilot.feed import HttpSignals, SignalsError
 from proxyinfra.autopilot.log import DecisionLog
 from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
 from proxyinfra.autopilot.room import BackendRoom
 from proxyinfra.autopilot.run import FAILED, Autopilot, Options
-from proxyinfra.autopilot.seam import SystemClock
+from proxyinfra.autopilot.seam import Stack, StackUnavailable, SystemClock
 from proxyinfra.autopilot.status import Status, serve
 from proxyinfra.stackfile import project_name
 
@@ -72,7 +76,42 @@ def _files(args: argparse.Namespace) -> MemoryFiles:
     return MemoryFiles(path)
 
 
+# Pulumi's stack names, plain or qualified (org/project/stack). No '.' or
+# '..' part: the name also names the round state file's path.
+_STACK = re.compile(r"(?:[A-Za-z0-9_.-]{1,100}/){0,2}[A-Za-z0-9_.-]{1,100}")
+
+
+def _bad_argument(args: argparse.Namespace) -> str | None:
+    """The first argument that cannot work, named with its value; checked
+    before anything is read or written."""
+    if not _STACK.fullmatch(args.stack) or {".", ".."} & set(args.stack.split("/")):
+        return (
+            f"--stack {args.stack!r}: not a stack name (letters, digits, '-', '_' and '.'; "
+            "org/project/stack when qualified)"
+        )
+    if args.action != "run":
+        return None
+    if args.discovery is None:
+        return "--discovery URL is required to run"
+    url = urlsplit(args.discovery)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"--discovery {args.discovery!r}: not an http:// or https:// URL with a host"
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        return f"--interval {args.interval:g}: seconds between rounds, more than 0"
+    if args.retry_cap < 1:
+        return f"--retry-cap {args.retry_cap}: failed updates of a change per hour, at least 1"
+    if not (math.isfinite(args.lock_timeout) and args.lock_timeout >= 0):
+        return f"--lock-timeout {args.lock_timeout:g}: seconds, 0 or more"
+    if args.listen and not _address(args.listen):
+        return f"--listen {args.listen!r}: not HOST:PORT"
+    return None
+
+
 def _main(args: argparse.Namespace) -> int:
+    bad = _bad_argument(args)
+    if bad is not None:
+        print(f"autopilot: {bad}", file=sys.stderr)
+        return 2
     files = _files(args)
     clock = SystemClock()
     if args.action == "pause":
@@ -85,33 +124,42 @@ def _main(args: argparse.Namespace) -> int:
         was = files.resume()
         print(f"autopilot {'resumed' if was else 'was not paused'} for stack {args.stack}")
         return 0
-    if not args.discovery:
-        print("autopilot: --discovery URL is required to run", file=sys.stderr)
+    try:
+        output = _output(args.log)
+    except OSError as error:
+        why = f"{error.strerror}: {error.filename}" if error.filename else str(error)
+        print(f"autopilot: --log {str(args.log)!r}: cannot be written ({why})", file=sys.stderr)
         return 2
-    if args.listen and not _address(args.listen):
-        print(f"autopilot: --listen {args.listen!r}: not HOST:PORT", file=sys.stderr)
-        return 2
-    with _output(args.log) as out, _one_per_stack(files) as taken:
-        if not taken:
-            print(
-                f"autopilot: another autopilot runs on stack {args.stack} ({files.path})",
-                file=sys.stderr,
-            )
-            return 1
-        return _run(args, files, clock, out)
-
-
-def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: TextIO) -> int:
     # Imported here: the Automation API is needed only to run, not to pause.
     from proxyinfra.autopilot.automation import AutomationStack
 
+    with output as out:
+        log = DecisionLog(args.stack, clock.now, out)
+        try:  # before the lock: a stack that cannot be opened leaves nothing
+            stack = AutomationStack(args.project_dir.resolve(), args.stack)
+        except StackUnavailable as error:
+            log.write("round", result="error", error=str(error))
+            print(f"autopilot: {error}", file=sys.stderr)
+            return 1
+        with _one_per_stack(files) as taken:
+            if not taken:
+                print(
+                    f"autopilot: another autopilot runs on stack {args.stack} ({files.path})",
+                    file=sys.stderr,
+                )
+                return 1
+            return _run(args, stack, files, clock, log)
+
+
+def _run(
+    args: argparse.Namespace,
+    stack: Stack,
+    files: MemoryFiles,
+    clock: SystemClock,
+    log: DecisionLog,
+) -> int:
     project_dir = args.project_dir.resolve()
     status = Status(args.stack)
-    server = None
-    if args.listen:
-        host, port = _address(args.listen) or ("", 0)
-        server = serve(status, host, port)
-    log = DecisionLog(args.stack, clock.now, out)
     options = Options(
         project=project_name(project_dir),
         project_dir=project_dir,
@@ -120,8 +168,18 @@ def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: 
         backoff=timedelta(minutes=1),
         lock_timeout=args.lock_timeout,
     )
+    server = None
+    if args.listen:
+        host, port = _address(args.listen) or ("", 0)
+        try:
+            server = serve(status, host, port)
+        except OSError as error:
+            print(
+                f"autopilot: --listen {args.listen!r}: {error.strerror or error}", file=sys.stderr
+            )
+            return 2
     pilot = Autopilot(
-        AutomationStack(project_dir, args.stack),
+        stack,
         HttpSignals(args.discovery, os.environ.get(TOKEN_ENV)),
         clock,
         log,
@@ -134,7 +192,7 @@ def _run(args: argparse.Namespace, files: MemoryFiles, clock: SystemClock, out: 
         if args.once or args.dry_run:
             try:
                 pilot.round()
-            except (SignalsError, StateFileError) as error:
+            except (SignalsError, StateFileError, StackUnavailable) as error:
                 log.write("round", result="error", error=str(error))
                 print(f"autopilot: {error}", file=sys.stderr)
                 return 1
@@ -158,14 +216,13 @@ def _address(text: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-@contextlib.contextmanager
-def _output(path: Path | None) -> Iterator[TextIO]:
+def _output(path: Path | None) -> contextlib.AbstractContextManager[TextIO]:
+    """Where the decision log goes, opened now: a path that cannot be
+    written is named before anything else runs."""
     if path is None:
-        yield sys.stdout
-        return
+        return contextlib.nullcontext(sys.stdout)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as out:
-        yield out
+    return path.open("a", encoding="utf-8")
 
 
 @contextlib.contextmanager

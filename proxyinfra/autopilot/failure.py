@@ -97,3 +97,13 @@ def failure_summary(output: str) -> str:
         return one_line(" | ".join(causes))
     shown = [line.strip() for line in lines if line.strip()]
     return one_line(" | ".join(shown[-6:]))
+
+
+def cli_error(output: str) -> str:
+    """One line for a command that failed before any update (no such stack, a
+    backend that cannot be opened): the CLI's own ``error:`` lines, or, when
+    it printed none, what failure_summary makes of the output."""
+    # The Automation API's error text: " code: N", " stdout: ...", " stderr: ...".
+    lines = (line.strip().removeprefix("stderr: ") for line in output.splitlines())
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return one_line(" | ".join(errors)) if errors else failure_summary(output)

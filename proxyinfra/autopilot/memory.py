@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from proxyinfra.autopilot.changes import GroupMemory, PlannerState
+from proxyinfra.stackfile import project_backend_url
 
 VERSION = 1
 
@@ -142,20 +143,26 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def backend_dir(env: dict[str, str] | None = None) -> Path | None:
-    """The directory of a file backend (``PULUMI_BACKEND_URL=file://DIR``), else None."""
-    url = (env if env is not None else os.environ).get("PULUMI_BACKEND_URL", "")
+def backend_dir(project_dir: Path, env: Mapping[str, str] | None = None) -> Path | None:
+    """The directory of a file backend, found as the CLI finds its backend:
+    ``PULUMI_BACKEND_URL``, else ``backend.url`` in the project's Pulumi.yaml
+    (a relative path from the project directory, where the autopilot runs the
+    CLI). None for any other backend, or when neither names one (the CLI's
+    login decides then, which is not read here)."""
+    named = (env if env is not None else os.environ).get("PULUMI_BACKEND_URL")
+    url = named or project_backend_url(project_dir) or ""
     if not url.startswith("file://"):
         return None
     parsed = urlparse(url)
-    return Path(unquote(parsed.netloc + parsed.path)).expanduser()
+    path = Path(unquote(parsed.netloc + parsed.path)).expanduser()
+    return path if path.is_absolute() else project_dir / path
 
 
 def default_path(project_dir: Path, project: str, stack: str) -> Path:
     """Beside the stack's state: ``<DIR>/autopilot/<project>/<stack>.json``
     on a file backend (``file://DIR``), where the checkpoint and its locks
     are; else ``<project dir>/.autopilot/<stack>.json``."""
-    root = backend_dir()
+    root = backend_dir(project_dir)
     if root is not None:
         return root / "autopilot" / project / f"{stack}.json"
     return project_dir / ".autopilot" / f"{stack}.json"

@@ -63,6 +63,11 @@ class UpdateFailed(Exception):
     secret: the Automation API shows none unless asked)."""
 
 
+class StackUnavailable(Exception):
+    """The stack could not be opened or read at all (no pulumi CLI, no such
+    stack, a backend that does not answer): the cause in one line."""
+
+
 class Stack(Protocol):
     name: str
 

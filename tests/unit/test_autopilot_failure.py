@@ -5,7 +5,7 @@ a create, and the program's (a manifest the partial run could not validate)."""
 
 from __future__ import annotations
 
-from proxyinfra.autopilot.failure import failure_summary
+from proxyinfra.autopilot.failure import cli_error, failure_summary
 
 PROVIDER_FAILED = """\
  code: 1
@@ -116,3 +116,18 @@ def test_without_diagnostics_the_last_lines_are_shown_in_one_bounded_line() -> N
     summary = failure_summary(output)
     assert summary.startswith("line 5 | line 6 | line 7 | line 8 | line 9 | xxx")
     assert len(summary) == 300 and "\n" not in summary
+
+
+# A command that failed before any update, as the Automation API's error shows it.
+NO_STACK = """
+ code: 6
+ stdout: \n stderr: error: no stack named 'nosuch' found
+"""
+
+
+def test_a_command_that_failed_before_any_update_gives_the_cli_s_error() -> None:
+    assert cli_error(NO_STACK) == "no stack named 'nosuch' found"
+    # With no `error:` line, what an update's failure would give.
+    assert cli_error(PROVIDER_FAILED.replace("error: ", "")) == failure_summary(
+        PROVIDER_FAILED.replace("error: ", "")
+    )

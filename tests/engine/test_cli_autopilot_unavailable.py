@@ -1,0 +1,69 @@
+"""The autopilot on a stack it cannot open, through the real Pulumi CLI: it
+says why in one line (the CLI's own error, or that the CLI cannot run), logs
+the round as an error, exits 1 with no traceback, and leaves nothing in the
+backend (the one-per-stack lock is taken only once the stack opened)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.pulumi_cli import CliStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> CliStack:
+    return CliStack(tmp_path / "project", "real", {})
+
+
+def _autopilot(stack: CliStack, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
+    argv += ["autopilot", "--stack", name, "--discovery", "http://127.0.0.1:9", "--once"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _backend(stack: CliStack) -> list[str]:
+    state = stack.directory / "state"
+    return sorted(str(p.relative_to(state)) for p in state.rglob("*"))
+
+
+def test_a_stack_that_does_not_exist_is_named_by_the_cli_s_error(stack: CliStack) -> None:
+    before = _backend(stack)
+    done = _autopilot(stack, "nosuch", stack.env())
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "autopilot: stack 'nosuch': no stack named 'nosuch' found\n"
+    [line] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (line["event"], line["result"]) == ("round", "error")
+    assert line["error"] == "stack 'nosuch': no stack named 'nosuch' found"
+    assert _backend(stack) == before  # no lock, no round state
+
+
+def test_without_the_pulumi_cli_it_says_so(stack: CliStack) -> None:
+    env = stack.env() | {"PATH": "/usr/bin:/bin"}  # the project's pulumi is in .venv/bin
+    done = _autopilot(stack, "real", env)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("autopilot: cannot run the pulumi CLI: "), done.stderr
+    assert "'pulumi'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_backend_named_only_in_pulumi_yaml_is_the_one_it_keeps_its_files_in(
+    stack: CliStack,
+) -> None:
+    """As the CLI does, the project's `backend.url` is the backend when the
+    variable is not set: the round state and lock go beside that state, not
+    into the project directory (the stack has no policy: the round says so)."""
+    project = stack.directory / "Pulumi.yaml"
+    project.write_text(project.read_text() + "backend:\n  url: file://./state\n")
+    env = {k: v for k, v in stack.env().items() if k != "PULUMI_BACKEND_URL"}
+    done = _autopilot(stack, "real", env)
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (line["event"], line["result"]) == ("round", "no-policy")
+    assert "autopilot/egress-proxies/real.lock" in _backend(stack)
+    assert not (stack.directory / ".autopilot").exists()
