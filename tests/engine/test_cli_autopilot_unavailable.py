@@ -6,6 +6,7 @@ backend (the one-per-stack lock is taken only once the stack opened)."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,16 @@ def test_a_backend_named_only_in_pulumi_yaml_is_the_one_it_keeps_its_files_in(
     assert (line["event"], line["result"]) == ("round", "no-policy")
     assert "autopilot/egress-proxies/real.lock" in _backend(stack)
     assert not (stack.directory / ".autopilot").exists()
+
+
+def test_a_status_address_already_taken_is_named(stack: CliStack) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
+        argv += ["autopilot", "--stack", "real", "--discovery", "http://127.0.0.1:9"]
+        argv += ["--once", "--listen", address]
+        done = subprocess.run(argv, env=stack.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"autopilot: --listen '{address}': Address already in use\n"
