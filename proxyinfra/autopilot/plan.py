@@ -221,7 +221,8 @@ def _select(
     recycled: set[str] = set()
     taken: dict[str, dict[str, int]] = {}
     chosen: list[Change] = []
-    waiting: list[Held] = []
+    waiting: list[Held] = []  # past the round's limit
+    floored: dict[str, list[Held]] = {}  # by group: held by its healthy floor
     for wish in wishes:
         change = wish.change
         subject = change.proxy if isinstance(change, Recycle) else change.group
@@ -236,7 +237,8 @@ def _select(
                     f"it would leave {healthy[name] - 1} healthy proxies in {name}, "
                     f"below healthyFloor {floor}"
                 )
-                held.append(Held(subject, change.rule, f"{change.reason}; but {why}"))
+                line = Held(subject, change.rule, f"{change.reason}; but {why}")
+                floored.setdefault(name, []).append(line)
                 continue
             healthy[name] -= wish.healthy
             recycled.add(name)
@@ -272,21 +274,20 @@ def _select(
         for resource, need in group.needs.items():
             used[resource] = used.get(resource, 0) + need * (after - scale.before)
         chosen.append(scale)
-    held.extend(_bounded(waiting, limit))
+    for name, lines in floored.items():
+        held.extend(_bounded(lines, name, f"below healthyFloor {floor}, held"))
+    held.extend(_bounded(waiting, STACK, f"for later rounds: maxChangesPerRound {limit}"))
     return chosen
 
 
-def _bounded(waiting: Sequence[Held], limit: int) -> list[Held]:
-    """The changes past the round's limit: the next NAMED in lines of their
-    own, with their reasons, and the rest in one line for the stack. After a
-    wave of bans a thousand recycles may wait, and a line each per round
-    would flood the log while they drain K at a time."""
-    if len(waiting) <= NAMED + 1:
-        return list(waiting)
-    rest = waiting[NAMED:]
+def _bounded(lines: Sequence[Held], subject: str, why: str) -> list[Held]:
+    """The first NAMED of LINES as they are, with their reasons, and the rest
+    in one line for SUBJECT: after a wave of bans a thousand recycles may
+    wait for the round's limit or a group's floor, and a line each per round
+    would flood the log while they drain."""
+    if len(lines) <= NAMED + 1:
+        return list(lines)
+    rest = lines[NAMED:]
     rules = ",".join(sorted({h.rule for h in rest}))
-    reason = (
-        f"{len(rest)} more changes wait for later rounds ({some([h.subject for h in rest])}): "
-        f"maxChangesPerRound {limit}"
-    )
-    return [*waiting[:NAMED], Held(STACK, rules, reason)]
+    names = some([h.subject for h in rest])
+    return [*lines[:NAMED], Held(subject, rules, f"{len(rest)} more changes ({names}) {why}")]

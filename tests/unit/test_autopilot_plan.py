@@ -140,7 +140,7 @@ def test_past_k_the_next_five_wait_in_a_line_each_and_the_rest_in_one() -> None:
     assert all(h.reason.endswith("(maxChangesPerRound 2)") for h in own)
     assert (rest.subject, rest.rule) == ("stack", "bannedSites")
     assert rest.reason == (
-        "6 more changes wait for later rounds (g07-0, g08-0, g09-0, g10-0, g11-0 and 1 more): "
+        "6 more changes (g07-0, g08-0, g09-0, g10-0, g11-0 and 1 more) for later rounds: "
         "maxChangesPerRound 2"
     )
     # Six waiting get six lines of their own: one line standing for one is no shorter.
@@ -187,6 +187,21 @@ def test_no_recycle_below_the_healthy_floor_most_banned_then_oldest_first() -> N
     assert [h.subject for h in result.held] == ["home-1", "home-2"]
     assert result.held[0].reason.endswith(
         "but it would leave 1 healthy proxies in home, below healthyFloor 2"
+    )
+
+
+def test_past_the_floor_the_next_five_are_held_in_a_line_each_and_the_rest_in_one() -> None:
+    # A wave of bans on a group at its floor: 10 healthy, floor 9, all banned.
+    home = group(replicas=10)
+    signals = {f"home-{i}": banned(13 - i) for i in range(10)}
+    result = run(policy({"healthyFloor": 9}, k=100), [home], signals)
+    assert [c.proxy for c in result.changes if isinstance(c, Recycle)] == ["home-0"]
+    *own, rest = result.held
+    assert [h.subject for h in own] == [f"home-{i}" for i in range(1, 6)]
+    assert all(h.reason.endswith("below healthyFloor 9") for h in own)
+    assert (rest.subject, rest.rule) == ("home", "bannedSites")
+    assert rest.reason == (
+        "4 more changes (home-6, home-7, home-8, home-9) below healthyFloor 9, held"
     )
 
 
