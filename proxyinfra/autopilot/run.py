@@ -233,9 +233,16 @@ class Autopilot:
             return self._logged(fields, "dry-run", path=edit.path, value=edit.after)
         if self.files.paused() is not None:
             return self._logged(fields, "paused", reason="paused during the round")
+        # Said before it runs: an update takes minutes on real hosts, and
+        # until it ends the change's own line is not written.
+        self.log.write("applying", **{k: fields[k] for k in _APPLYING})
+        self.status.set(applying={"message": change.message, "since": now.isoformat()})
         started = self.clock.monotonic()
         self._current = None
-        outcome = self._apply(change, edit)
+        try:
+            outcome = self._apply(change, edit)
+        finally:
+            self.status.set(applying=None)
         duration = round(self.clock.monotonic() - started, 3)
         if outcome.result == "failed":
             self.status.failures.inc()
@@ -351,6 +358,7 @@ class Autopilot:
 
 
 _NOBODY = object()
+_APPLYING = ("kind", "rule", "group", "proxies", "message")  # an `applying` line's fields
 
 
 def _recent(failures: Mapping[str, Sequence[datetime]], now: datetime) -> dict[str, list[datetime]]:

@@ -74,6 +74,7 @@ class Status:
             "lastRound": None,
             "capped": [],
             "waitingFor": None,
+            "applying": None,  # the change whose update runs now, and since when
             "unhealthySince": {},
         }
 

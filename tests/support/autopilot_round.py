@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ class FakeStack:
         self.failing = 0  # update raises UpdateFailed this many more times
         self.refreshes: list[tuple[str, ...]] = []
         self.refresh_failing = 0  # refresh raises UpdateFailed this many more times
+        self.during: Callable[[], None] | None = None  # called inside each update
         self.deploy()
 
     def _names(self) -> list[str]:
@@ -126,6 +127,8 @@ class FakeStack:
         if self.failing > 0:
             self.failing -= 1
             raise UpdateFailed("error: the host refused the domain")
+        if self.during is not None:
+            self.during()
         self.updates.append((message, tuple(targets)))
         self.checkpoints.append(checkpoints)
         self.deploy()

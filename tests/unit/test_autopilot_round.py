@@ -49,6 +49,32 @@ def test_a_proxy_blocked_by_three_sites_is_recycled_by_one_targeted_update(tmp_p
     assert world.files.path.exists()
 
 
+def test_a_change_is_logged_and_shown_while_its_update_runs(tmp_path: Path) -> None:
+    """An update takes minutes on real hosts: before it ends, an `applying`
+    line and the status page say which change runs, since when."""
+    world = World(tmp_path, RECYCLE, {"home": 2})
+    world.clock.advance(timedelta(hours=1))
+    world.signals.answer = answer(world.clock, world.names(), blocked={"home-0": 3})
+    seen: list[tuple[list[dict[str, object]], object]] = []
+    world.stack.during = lambda: seen.append((world.lines(), world.status.document()["applying"]))
+    assert world.pilot().round() == "planned"
+    [(lines, applying)] = seen
+    assert {k: v for k, v in lines[-1].items() if k not in ("ts", "stack")} == {
+        "event": "applying",
+        "kind": "recycle",
+        "rule": "bannedSites",
+        "group": "home",
+        "proxies": ["home-0", "home-0-g2"],
+        "message": world.stack.updates[0][0],
+    }
+    assert applying == {
+        "message": world.stack.updates[0][0],
+        "since": world.clock.now().isoformat(),
+    }
+    assert world.status.document()["applying"] is None  # the update ended
+    assert [line["event"] for line in world.lines()][-2:] == ["change", "round"]
+
+
 def test_a_proxy_down_through_rounds_of_separate_processes_is_recycled(tmp_path: Path) -> None:
     """The spell outlives the process (`--once` from cron): the first round
     writes when it began to the state file, a later process reads it."""
