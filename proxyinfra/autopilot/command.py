@@ -33,10 +33,11 @@ from urllib.parse import urlsplit
 
 from proxyinfra.autopilot.feed import HttpSignals, SignalsError
 from proxyinfra.autopilot.log import DecisionLog
-from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
+from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, backend_dir, default_path
 from proxyinfra.autopilot.room import BackendRoom
 from proxyinfra.autopilot.run import FAILED, Autopilot, Options
 from proxyinfra.autopilot.seam import Stack, StackUnavailable, SystemClock
+from proxyinfra.autopilot.statefile import stack_names
 from proxyinfra.autopilot.status import Status, serve
 from proxyinfra.stackfile import project_name
 
@@ -107,6 +108,21 @@ def _bad_argument(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _unknown_stack(args: argparse.Namespace) -> str | None:
+    """On a file backend, a stack it does not hold, named with the ones it
+    does; None elsewhere (no cheap way to tell: `run` finds out)."""
+    project_dir = args.project_dir.resolve()
+    root = backend_dir(project_dir)
+    if root is None:
+        return None
+    parts = args.stack.split("/")  # org/project/stack names its project
+    project = parts[-2] if len(parts) == 3 else project_name(project_dir)
+    names = stack_names(root, project)
+    if names is None or parts[-1] in names:
+        return None
+    return f"--stack {args.stack!r}: no such stack in {root} (its stacks: {', '.join(names) or 'none'})"
+
+
 def _main(args: argparse.Namespace) -> int:
     bad = _bad_argument(args)
     if bad is not None:
@@ -114,6 +130,10 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     files = _files(args)
     clock = SystemClock()
+    unknown = _unknown_stack(args) if args.action != "run" else None
+    if unknown is not None:  # a typo would pause nothing, and say it had
+        print(f"autopilot: {unknown}", file=sys.stderr)
+        return 2
     if args.action == "pause":
         files.pause(clock.now(), f"{getpass.getuser()}@{socket.gethostname()}")
         print(

@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 _HISTORY_SUFFIXES = (".history.json", ".history.json.gz", ".history.json.zst")
 
 
@@ -60,3 +62,28 @@ def update_count(backend: Path, project: str, stack: str) -> int | None:
 
 
 __all__ = ["checkpoint_resources", "update_count"]
+
+
+def stack_names(backend: Path, project: str) -> list[str] | None:
+    """The stacks of PROJECT this backend directory holds (a checkpoint file
+    each); None when the directory is not in the layout read here (its
+    ``.pulumi/meta.yaml`` says project-scoped stacks, version 1)."""
+    try:
+        meta = yaml.safe_load((backend / ".pulumi" / "meta.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(meta, dict) or meta.get("version") != 1:
+        return None
+    try:
+        files = [p.name for p in (backend / ".pulumi" / "stacks" / project).iterdir()]
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    # Beside each checkpoint: `.json.bak` backups and `.attrs` sidecars, not stacks.
+    found = {
+        name.removesuffix(".gz").removesuffix(".json")
+        for name in files
+        if name.endswith((".json", ".json.gz"))
+    }
+    return sorted(found)

@@ -81,3 +81,25 @@ def test_a_status_address_already_taken_is_named(stack: CliStack) -> None:
         done = subprocess.run(argv, env=stack.env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"autopilot: --listen '{address}': Address already in use\n"
+
+
+def test_pause_of_a_stack_the_file_backend_does_not_hold_is_refused(stack: CliStack) -> None:
+    """A typo would pause nothing while saying it had: on a file backend the
+    stack is looked up (its checkpoint files, as the CLI lays them out)."""
+
+    def pause(name: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
+        argv += ["autopilot", "pause", "--stack", name]
+        return subprocess.run(argv, env=stack.env(), capture_output=True, text=True, timeout=60)
+
+    before = _backend(stack)
+    done = pause("reel")
+    assert done.returncode == 2, done.stderr
+    state = stack.directory / "state"
+    assert done.stderr == (
+        f"autopilot: --stack 'reel': no such stack in {state} (its stacks: real)\n"
+    )
+    assert _backend(stack) == before
+    assert pause("real").returncode == 0
+    assert pause("organization/egress-proxies/real").returncode == 0
+    assert "autopilot/egress-proxies/real.paused" in _backend(stack)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from proxyinfra.autopilot.automation import update_env
-from proxyinfra.autopilot.statefile import checkpoint_resources, update_count
+from proxyinfra.autopilot.statefile import checkpoint_resources, stack_names, update_count
 
 RESOURCES = [
     {"urn": "urn:pulumi:dev::egress-proxies::pulumi:pulumi:Stack::egress-proxies-dev"},
@@ -76,3 +76,16 @@ def test_an_operator_s_own_checkpoint_setting_wins_either_way() -> None:
     # The operator's values are in the environment the CLI inherits: nothing added.
     assert update_env(False, {skip: "false"}) == {no_backups: "true"}
     assert update_env(True, {skip: "true", no_backups: "false"}) == {}
+
+
+def test_stack_names_are_the_checkpoints_of_a_layout_read_here(tmp_path: Path) -> None:
+    stacks = tmp_path / ".pulumi" / "stacks" / "egress-proxies"
+    stacks.mkdir(parents=True)
+    for name in ("dev.json", "dev.json.attrs", "dev.json.bak", "prod.json.gz", "notes.txt"):
+        (stacks / name).write_text("")
+    assert stack_names(tmp_path, "egress-proxies") is None  # no meta.yaml: not this layout
+    (tmp_path / ".pulumi" / "meta.yaml").write_text("version: 0\n")
+    assert stack_names(tmp_path, "egress-proxies") is None  # the legacy, unscoped layout
+    (tmp_path / ".pulumi" / "meta.yaml").write_text("version: 1\n")
+    assert stack_names(tmp_path, "egress-proxies") == ["dev", "prod"]
+    assert stack_names(tmp_path, "other") == []
