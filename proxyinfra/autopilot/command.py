@@ -95,7 +95,18 @@ def _bad_argument(args: argparse.Namespace) -> str | None:
     if args.discovery is None:
         return "--discovery URL is required to run"
     url = urlsplit(args.discovery)
-    if url.scheme not in ("http", "https") or not url.hostname:
+    if url.username is not None or url.password is not None:
+        # Not echoed: the URL is in the decision log's lines, the password would be too.
+        shown = url._replace(netloc="***@" + url.netloc.rpartition("@")[2]).geturl()
+        return (
+            f"--discovery {shown!r}: credentials in the URL would reach the decision log; "
+            f"the service takes a bearer token, from ${TOKEN_ENV}"
+        )
+    try:
+        port_ok = url.port is None or url.port > 0
+    except ValueError:
+        port_ok = False
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok:
         return f"--discovery {args.discovery!r}: not an http:// or https:// URL with a host"
     if not (math.isfinite(args.interval) and args.interval > 0):
         return f"--interval {args.interval:g}: seconds between rounds, more than 0"

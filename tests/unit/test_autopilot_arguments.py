@@ -34,6 +34,15 @@ RUN = ["--discovery", "http://127.0.0.1:9", "--once"]
             ["--stack", "dev", "--discovery", "http://", "--once"],
             "--discovery 'http://': not an http:// or https:// URL with a host",
         ),
+        (
+            ["--stack", "dev", "--discovery", "http://h:99999", "--once"],
+            "--discovery 'http://h:99999': not an http:// or https:// URL with a host",
+        ),
+        (
+            ["--stack", "dev", "--discovery", "https://ops:s3cret@discovery:8080/", "--once"],
+            "--discovery 'https://***@discovery:8080/': credentials in the URL would reach the "
+            "decision log; the service takes a bearer token, from $DISCOVERY_TOKEN",
+        ),
         (["--stack", "dev", "--once"], "--discovery URL is required to run"),
         (
             ["--stack", "dev", *RUN, "--interval", "0"],
