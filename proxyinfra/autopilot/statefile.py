@@ -61,9 +61,6 @@ def update_count(backend: Path, project: str, stack: str) -> int | None:
     return sum(name.endswith(_HISTORY_SUFFIXES) for name in names)
 
 
-__all__ = ["checkpoint_resources", "update_count"]
-
-
 def stack_names(backend: Path, project: str) -> list[str] | None:
     """The stacks of PROJECT this backend directory holds (a checkpoint file
     each); None when the directory is not in the layout read here (its
@@ -87,3 +84,6 @@ def stack_names(backend: Path, project: str) -> list[str] | None:
         if name.endswith((".json", ".json.gz"))
     }
     return sorted(found)
+
+
+__all__ = ["checkpoint_resources", "stack_names", "update_count"]
