@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.autopilot_cli import autopilot_argv
 from tests.support.pulumi_cli import CliStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
@@ -23,9 +23,14 @@ def stack(tmp_path: Path) -> CliStack:
     return CliStack(tmp_path / "project", "real", {})
 
 
-def _autopilot(stack: CliStack, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
-    argv += ["autopilot", "--stack", name, "--discovery", "http://127.0.0.1:9", "--once"]
+ONCE = ("--discovery", "http://127.0.0.1:9", "--once")  # no service there: never reached
+
+
+def _autopilot(
+    stack: CliStack, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = autopilot_argv(stack.directory, *args)
+    env = stack.env() if env is None else env
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -36,7 +41,7 @@ def _backend(stack: CliStack) -> list[str]:
 
 def test_a_stack_that_does_not_exist_is_named_by_the_cli_s_error(stack: CliStack) -> None:
     before = _backend(stack)
-    done = _autopilot(stack, "nosuch", stack.env())
+    done = _autopilot(stack, "--stack", "nosuch", *ONCE)
     assert done.returncode == 1, done.stderr
     assert done.stderr == "autopilot: stack 'nosuch': no stack named 'nosuch' found\n"
     [line] = [json.loads(line) for line in done.stdout.splitlines()]
@@ -47,7 +52,7 @@ def test_a_stack_that_does_not_exist_is_named_by_the_cli_s_error(stack: CliStack
 
 def test_without_the_pulumi_cli_it_says_so(stack: CliStack) -> None:
     env = stack.env() | {"PATH": "/usr/bin:/bin"}  # the project's pulumi is in .venv/bin
-    done = _autopilot(stack, "real", env)
+    done = _autopilot(stack, "--stack", "real", *ONCE, env=env)
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("autopilot: cannot run the pulumi CLI: "), done.stderr
     assert "'pulumi'" in done.stderr and "Traceback" not in done.stderr
@@ -62,7 +67,7 @@ def test_a_backend_named_only_in_pulumi_yaml_is_the_one_it_keeps_its_files_in(
     project = stack.directory / "Pulumi.yaml"
     project.write_text(project.read_text() + "backend:\n  url: file://./state\n")
     env = {k: v for k, v in stack.env().items() if k != "PULUMI_BACKEND_URL"}
-    done = _autopilot(stack, "real", env)
+    done = _autopilot(stack, "--stack", "real", *ONCE, env=env)
     assert done.returncode == 0, done.stderr
     [line] = [json.loads(line) for line in done.stdout.splitlines()]
     assert (line["event"], line["result"]) == ("round", "no-policy")
@@ -75,10 +80,7 @@ def test_a_status_address_already_taken_is_named(stack: CliStack) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"127.0.0.1:{taken.getsockname()[1]}"
-        argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
-        argv += ["autopilot", "--stack", "real", "--discovery", "http://127.0.0.1:9"]
-        argv += ["--once", "--listen", address]
-        done = subprocess.run(argv, env=stack.env(), capture_output=True, text=True, timeout=120)
+        done = _autopilot(stack, "--stack", "real", *ONCE, "--listen", address)
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"autopilot: --listen '{address}': Address already in use\n"
 
@@ -86,20 +88,15 @@ def test_a_status_address_already_taken_is_named(stack: CliStack) -> None:
 def test_pause_of_a_stack_the_file_backend_does_not_hold_is_refused(stack: CliStack) -> None:
     """A typo would pause nothing while saying it had: on a file backend the
     stack is looked up (its checkpoint files, as the CLI lays them out)."""
-
-    def pause(name: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "proxyinfra", "--project-dir", str(stack.directory)]
-        argv += ["autopilot", "pause", "--stack", name]
-        return subprocess.run(argv, env=stack.env(), capture_output=True, text=True, timeout=60)
-
     before = _backend(stack)
-    done = pause("reel")
+    done = _autopilot(stack, "pause", "--stack", "reel")
     assert done.returncode == 2, done.stderr
     state = stack.directory / "state"
     assert done.stderr == (
         f"autopilot: --stack 'reel': no such stack in {state} (its stacks: real)\n"
     )
     assert _backend(stack) == before
-    assert pause("real").returncode == 0
-    assert pause("organization/egress-proxies/real").returncode == 0
+    assert _autopilot(stack, "pause", "--stack", "real").returncode == 0
+    qualified = "organization/egress-proxies/real"
+    assert _autopilot(stack, "pause", "--stack", qualified).returncode == 0
     assert "autopilot/egress-proxies/real.paused" in _backend(stack)

@@ -67,8 +67,7 @@ class World:
         )
 
     def argv(self, *args: str) -> list[str]:
-        command = [sys.executable, "-m", "proxyinfra", "--project-dir", str(self.stack.directory)]
-        command += ["autopilot", *args, "--stack", self.name]
+        command = autopilot_argv(self.stack.directory, *args, "--stack", self.name)
         if args[:1] not in (("pause",), ("resume",)):
             command += ["--discovery", self.service.url]
         return command
@@ -131,6 +130,12 @@ def served_names(http: httpx.Client) -> list[str]:
     answer = http.get("/v1/proxies")
     answer.raise_for_status()
     return [p["name"] for p in answer.json()["proxies"]]
+
+
+def autopilot_argv(project_dir: Path, *args: str) -> list[str]:
+    """`python -m proxyinfra autopilot ARGS` on the project at PROJECT_DIR."""
+    command = [sys.executable, "-m", "proxyinfra", "--project-dir", str(project_dir)]
+    return [*command, "autopilot", *args]
 
 
 def decisions(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
