@@ -70,6 +70,9 @@ def test_a_squid_change_is_applied_in_place_by_the_agent(
         assert pid is not None
 
         # What an apply that died leaves (the VM reset mid-apply): the next apply clears it.
+        # Planted while the agent waits for a change, not during its first look: that
+        # look clears leftovers before it starts, so one planted after would stay.
+        wait_for("the agent waiting", lambda: gce_server.parked(DIGEST_KEY), guest)
         leftover = "/etc/squid/.sync.dEAd01"
         planted = guest.run(
             "sh", "-c", f"mkdir -m 0700 {leftover} && echo x > {leftover}/passwords"
