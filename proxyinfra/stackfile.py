@@ -3,8 +3,11 @@ outside the engine (``hosts check``, ``gc``) and for tests."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import yaml
 
@@ -14,8 +17,23 @@ from proxyinfra.validation import ConfigError, ConfigIssue, validate
 NAMESPACE = "egress-proxies"
 
 
+def stack_parts(stack: str) -> tuple[str | None, str]:
+    """(project, name) of STACK as the CLI takes it: ``name``, ``org/name``
+    or ``org/project/name``; the project is None when not named.
+
+    The short name is the one the engine goes by in URNs, in
+    ``pulumi.get_stack()``, in ``Pulumi.<name>.yaml`` and in a file
+    backend's paths: a qualified name only picks the org and project
+    (checked by the CLI: `organization` on a file backend, the project of
+    Pulumi.yaml to create one)."""
+    parts = stack.split("/")
+    return (parts[1] if len(parts) == 3 else None), parts[-1]
+
+
 def stack_file(project_dir: Path, stack: str) -> Path:
-    return project_dir / f"Pulumi.{stack}.yaml"
+    """The stack's config file, as the CLI names it for plain and qualified
+    stack names alike."""
+    return project_dir / f"Pulumi.{stack_parts(stack)[1]}.yaml"
 
 
 def read_raw(path: Path) -> dict[str, Any]:
@@ -51,6 +69,21 @@ def project_backend_url(project_dir: Path) -> str | None:
     backend = document.get("backend") if isinstance(document, dict) else None
     url = backend.get("url") if isinstance(backend, dict) else None
     return url if isinstance(url, str) and url else None
+
+
+def backend_dir(project_dir: Path, env: Mapping[str, str] | None = None) -> Path | None:
+    """The directory of a file backend, found as the CLI finds its backend:
+    ``PULUMI_BACKEND_URL``, else ``backend.url`` in the project's Pulumi.yaml
+    (a relative path from the project directory, where the CLI runs). None
+    for any other backend, or when neither names one (the CLI's login
+    decides then, which is not read here)."""
+    named = (env if env is not None else os.environ).get("PULUMI_BACKEND_URL")
+    url = named or project_backend_url(project_dir) or ""
+    if not url.startswith("file://"):
+        return None
+    parsed = urlparse(url)
+    path = Path(unquote(parsed.netloc + parsed.path)).expanduser()
+    return path if path.is_absolute() else project_dir / path
 
 
 def project_name(project_dir: Path) -> str:

@@ -13,7 +13,7 @@ from providers.kvm.access import HostAccess
 from providers.kvm.config import KvmHost, KvmProviderEntry
 from providers.kvm.connection import HostConnection, connect
 from proxyinfra.config import StackConfig
-from proxyinfra.stackfile import load_stack, project_name
+from proxyinfra.stackfile import load_stack, project_name, stack_file, stack_parts
 
 
 def _kvm_hosts(config: StackConfig) -> Iterator[tuple[KvmHost, HostAccess, HostConnection]]:
@@ -39,7 +39,7 @@ def _hosts_check(args: argparse.Namespace) -> int:
     for host, access, connection in _kvm_hosts(config):
         rows.extend(check_host(access, host.domain_type, connection))
     if not rows:
-        print(f"no kvm hosts in Pulumi.{args.stack}.yaml")
+        print(f"no kvm hosts in {stack_file(args.project_dir, args.stack).name}")
         return 0
     width_host = max(len(r.host) for r in rows)
     width_check = max(len(r.check) for r in rows)
@@ -68,12 +68,14 @@ def _gc(args: argparse.Namespace) -> int:
     config = load_stack(args.project_dir, args.stack)
     project = project_name(args.project_dir)
     owned = owned_objects(load_state(args.project_dir, project, args.stack, args.state))
+    # The objects' marks and ids carry the short name (`org/project/dev` is `dev`).
+    short = stack_parts(args.stack)[1]
     logical = {r.name for r in config.replicas()} | owned.logical_names
-    stack_ids = {proxy_id(project, args.stack, name) for name in logical}
+    stack_ids = {proxy_id(project, short, name) for name in logical}
     found = 0
     for _, access, connection in _kvm_hosts(config):
         conn = connection.libvirt()
-        orphans = find_orphans(conn, access, project, args.stack, owned.names, stack_ids, min_age)
+        orphans = find_orphans(conn, access, project, short, owned.names, stack_ids, min_age)
         if args.bases:
             orphans += find_unused_bases(conn, access, owned.names, min_age)
         for o in orphans:
@@ -118,6 +120,6 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     gc.add_argument(
         "--state",
         type=Path,
-        help="the stack's state (`pulumi stack export` output); default: ask pulumi, else the local backend",
+        help="the stack's state (`pulumi stack export` output); default: ask pulumi, else the file backend's checkpoint",
     )
     gc.set_defaults(run=_gc)

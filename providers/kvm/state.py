@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxyinfra.stackfile import backend_dir, stack_parts
 from proxyinfra.validation import ConfigError, ConfigIssue
 
 # Outputs of the kvm resources that name objects on a host.
@@ -53,7 +54,8 @@ def owned_objects(document: Any) -> OwnedObjects:
 
 def load_state(project_dir: Path, project: str, stack: str, state_file: Path | None) -> Any:
     """The stack's state: from --state, else `pulumi stack export`, else the
-    local file backend in the project. Never guessed: unreadable is an error."""
+    checkpoint of the file backend the CLI would use (`backend_dir`). Never
+    guessed: unreadable is an error."""
     if state_file is not None:
         return json.loads(state_file.read_text())
     if shutil.which("pulumi"):
@@ -66,8 +68,10 @@ def load_state(project_dir: Path, project: str, stack: str, state_file: Path | N
         )
         if done.returncode == 0:
             return json.loads(done.stdout)
-    checkpoint = project_dir / ".pulumi-state" / ".pulumi" / "stacks" / project / f"{stack}.json"
-    if checkpoint.is_file():
+    root = backend_dir(project_dir)
+    short = stack_parts(stack)[1]
+    checkpoint = root / ".pulumi" / "stacks" / project / f"{short}.json" if root else None
+    if checkpoint is not None and checkpoint.is_file():
         return json.loads(checkpoint.read_text())
     raise ConfigError(
         [

@@ -51,7 +51,6 @@ from pulumi import automation as auto
 
 from proxyinfra.autopilot.failure import cli_error, failure_summary
 from proxyinfra.autopilot.locks import lock_holder
-from proxyinfra.autopilot.memory import backend_dir
 from proxyinfra.autopilot.saltless import fallback_env, keeping_saltless
 from proxyinfra.autopilot.seam import (
     Deployed,
@@ -63,7 +62,7 @@ from proxyinfra.autopilot.seam import (
 )
 from proxyinfra.autopilot.statefile import checkpoint_resources, update_count
 from proxyinfra.partial import ticket
-from proxyinfra.stackfile import NAMESPACE, read_raw, stack_file
+from proxyinfra.stackfile import NAMESPACE, backend_dir, read_raw, stack_file, stack_parts
 
 T = TypeVar("T")
 _HOLDER = re.compile(r"created by (\S+) \(pid (\d+)\) at (\S+)")
@@ -131,7 +130,9 @@ class AutomationStack:
     def __init__(
         self, project_dir: Path, name: str, command: auto.PulumiCommand | None = None
     ) -> None:
-        self.name = name
+        # The short name (URNs, the stack file, the backend's paths, the
+        # service's names); NAME as given selects it, org and project included.
+        self.name = stack_parts(name)[1]
         self.project_dir = project_dir
         # The workspace's environment, read at each command: a ticket's entry
         # is put in for the update it is for (proxyinfra/partial.py).

@@ -33,13 +33,13 @@ from urllib.parse import urlsplit
 
 from proxyinfra.autopilot.feed import HttpSignals, SignalsError
 from proxyinfra.autopilot.log import DecisionLog
-from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, backend_dir, default_path
+from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
 from proxyinfra.autopilot.room import BackendRoom
 from proxyinfra.autopilot.run import FAILED, Autopilot, Options
 from proxyinfra.autopilot.seam import Stack, StackUnavailable, SystemClock
 from proxyinfra.autopilot.statefile import stack_names
 from proxyinfra.autopilot.status import Status, serve
-from proxyinfra.stackfile import project_name
+from proxyinfra.stackfile import backend_dir, project_name, stack_parts
 
 TOKEN_ENV = "DISCOVERY_TOKEN"
 
@@ -73,7 +73,9 @@ def add_command(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _files(args: argparse.Namespace) -> MemoryFiles:
     project_dir = args.project_dir.resolve()
-    path = args.state or default_path(project_dir, project_name(project_dir), args.stack)
+    # The short name: `dev` and `organization/<project>/dev` are one stack, one state.
+    short = stack_parts(args.stack)[1]
+    path = args.state or default_path(project_dir, project_name(project_dir), short)
     return MemoryFiles(path)
 
 
@@ -119,32 +121,43 @@ def _bad_argument(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _other_project(args: argparse.Namespace) -> str | None:
+    """A qualified stack name of another project: this project's program
+    cannot update it, nor its round state be kept under this project."""
+    named = stack_parts(args.stack)[0]
+    project = project_name(args.project_dir.resolve())
+    if named is None or named == project:
+        return None
+    return f"--stack {args.stack!r}: names project {named!r}, but this project is {project!r}"
+
+
 def _unknown_stack(args: argparse.Namespace) -> str | None:
     """On a file backend, a stack it does not hold, named with the ones it
     does; None elsewhere (no cheap way to tell: `run` finds out)."""
     project_dir = args.project_dir.resolve()
+    short = stack_parts(args.stack)[1]
+    project = project_name(project_dir)
     root = backend_dir(project_dir)
     if root is None:
         return None
-    parts = args.stack.split("/")  # org/project/stack names its project
-    project = parts[-2] if len(parts) == 3 else project_name(project_dir)
     names = stack_names(root, project)
-    if names is None or parts[-1] in names:
+    if names is None or short in names:
         return None
     return f"--stack {args.stack!r}: no such stack in {root} (its stacks: {', '.join(names) or 'none'})"
 
 
 def _main(args: argparse.Namespace) -> int:
-    bad = _bad_argument(args)
+    # A typo in `pause` would pause nothing, and say it had: the stack is looked up.
+    bad = (
+        _bad_argument(args)
+        or _other_project(args)
+        or (_unknown_stack(args) if args.action != "run" else None)
+    )
     if bad is not None:
         print(f"autopilot: {bad}", file=sys.stderr)
         return 2
     files = _files(args)
     clock = SystemClock()
-    unknown = _unknown_stack(args) if args.action != "run" else None
-    if unknown is not None:  # a typo would pause nothing, and say it had
-        print(f"autopilot: {unknown}", file=sys.stderr)
-        return 2
     if args.action == "pause":
         files.pause(clock.now(), f"{getpass.getuser()}@{socket.gethostname()}")
         print(

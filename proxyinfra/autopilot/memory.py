@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from proxyinfra.autopilot.changes import GroupMemory, PlannerState
-from proxyinfra.stackfile import project_backend_url
+from proxyinfra.stackfile import backend_dir
 
 VERSION = 1
 
@@ -141,21 +140,6 @@ def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def backend_dir(project_dir: Path, env: Mapping[str, str] | None = None) -> Path | None:
-    """The directory of a file backend, found as the CLI finds its backend:
-    ``PULUMI_BACKEND_URL``, else ``backend.url`` in the project's Pulumi.yaml
-    (a relative path from the project directory, where the autopilot runs the
-    CLI). None for any other backend, or when neither names one (the CLI's
-    login decides then, which is not read here)."""
-    named = (env if env is not None else os.environ).get("PULUMI_BACKEND_URL")
-    url = named or project_backend_url(project_dir) or ""
-    if not url.startswith("file://"):
-        return None
-    parsed = urlparse(url)
-    path = Path(unquote(parsed.netloc + parsed.path)).expanduser()
-    return path if path.is_absolute() else project_dir / path
 
 
 def default_path(project_dir: Path, project: str, stack: str) -> Path:

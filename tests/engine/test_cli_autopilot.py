@@ -49,6 +49,10 @@ from tests.support.stack_config import (
 pytestmark = [pytest.mark.integration, pytest.mark.pulumi_cli]
 TOKEN = "autopilot-test-token"
 STACK = "auto"
+# As --stack takes it here: qualified, as an operator with several projects
+# names it (the engine's URNs, the stack file and the backend's paths use the
+# short name; the other autopilot modules give the plain one).
+QUALIFIED = f"organization/{PROJECT}/{STACK}"
 WINDOW_S = 30
 
 
@@ -91,7 +95,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         fleet.write_text(json.dumps(outputs))
         with ServerThread(settings) as service:
             state = where / "stack" / "state" / "autopilot" / PROJECT / f"{STACK}.json"
-            yield World(stack, where / "hosts", fleet, service, state, STACK, TOKEN)
+            yield World(stack, where / "hosts", fleet, service, state, QUALIFIED, TOKEN)
         stack.run("destroy", "--yes", "--skip-preview")
 
 
@@ -247,7 +251,7 @@ def test_the_autopilot_s_commands_reveal_no_secret(
     command = _Recording()
     stack = AutomationStack(world.stack.directory, world.name, command=command)
     deployed = stack.read()
-    home1 = proxy_urn(world.name, PROJECT, "home-1")
+    home1 = proxy_urn(STACK, PROJECT, "home-1")
     exported = world.stack.resources()
     assert [
         (r.urn, r.type, r.parent, r.created and r.created.isoformat()) for r in deployed.resources

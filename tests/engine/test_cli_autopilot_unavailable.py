@@ -96,7 +96,17 @@ def test_pause_of_a_stack_the_file_backend_does_not_hold_is_refused(stack: CliSt
         f"autopilot: --stack 'reel': no such stack in {state} (its stacks: real)\n"
     )
     assert _backend(stack) == before
+    other = _autopilot(stack, "pause", "--stack", "organization/other/real")
+    assert (other.returncode, other.stderr) == (
+        2,
+        "autopilot: --stack 'organization/other/real': names project 'other', "
+        "but this project is 'egress-proxies'\n",
+    )
+    assert _backend(stack) == before
+    # One stack, plain or qualified: one pause file, where the backend keeps the stack's files.
     assert _autopilot(stack, "pause", "--stack", "real").returncode == 0
-    qualified = "organization/egress-proxies/real"
-    assert _autopilot(stack, "pause", "--stack", qualified).returncode == 0
-    assert "autopilot/egress-proxies/real.paused" in _backend(stack)
+    paused = set(_backend(stack)) - set(before) - {"autopilot", "autopilot/egress-proxies"}
+    assert paused == {"autopilot/egress-proxies/real.paused"}
+    qualified = _autopilot(stack, "resume", "--stack", "organization/egress-proxies/real")
+    assert qualified.stdout == "autopilot resumed for stack organization/egress-proxies/real\n"
+    assert "autopilot/egress-proxies/real.paused" not in _backend(stack)

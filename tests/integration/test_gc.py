@@ -110,7 +110,8 @@ def test_gc_lists_then_deletes_only_this_stacks_orphans(
         assert young.returncode == 0, young.stderr
         assert "no orphans" in young.stdout
 
-        dry = gc(tmp_path, planted["stack"], "--min-age", "0")
+        # Qualified, as the CLI takes it: the same stack, its marks and ids by the short name.
+        dry = gc(tmp_path, f"organization/{PROJECT}/{planted['stack']}", "--min-age", "0")
         assert dry.returncode == 0, dry.stderr
         listed = dry.stdout
         assert planted["orphan_domain"] in listed and planted["orphan_volume"] in listed

@@ -109,7 +109,7 @@ class World:
         removed (a GCP Spot VM deleted when preempted is the like)."""
         host_ = SimulatedHost(self.hosts / host, pool="default", network="n")
         try:
-            dom = host_.libvirt().lookupByName(proxy_id(PROJECT, self.name, name))
+            dom = host_.libvirt().lookupByName(proxy_id(PROJECT, self.stack.stack, name))
             if dom.isActive():
                 dom.destroy()
             dom.undefine()
@@ -119,7 +119,7 @@ class World:
     def mac(self, name: str, host: str = "home--nas1") -> str:
         host_ = SimulatedHost(self.hosts / host, pool="default", network="n")
         try:
-            xml = host_.raw.lookupByName(proxy_id(PROJECT, self.name, name)).XMLDesc(0)
+            xml = host_.raw.lookupByName(proxy_id(PROJECT, self.stack.stack, name)).XMLDesc(0)
         finally:
             host_.close()
         mac: str = xml.split("<mac address='", 1)[1].split("'", 1)[0]

@@ -27,6 +27,11 @@ RUN = ["--discovery", "http://127.0.0.1:9", "--once"]
             "org/project/stack when qualified)",
         ),
         (
+            ["--stack", "organization/other/dev", *RUN],
+            "--stack 'organization/other/dev': names project 'other', "
+            "but this project is 'egress-proxies'",
+        ),
+        (
             ["--stack", "dev", "--discovery", "127.0.0.1:8080", "--once"],
             "--discovery '127.0.0.1:8080': not an http:// or https:// URL with a host",
         ),

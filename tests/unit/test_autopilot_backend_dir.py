@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxyinfra.autopilot.memory import backend_dir, default_path
+from proxyinfra.autopilot.memory import default_path
+from proxyinfra.stackfile import backend_dir
 
 
 def _project(directory: Path, backend: str | None) -> Path:
