@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,34 @@ def pin_tree(root: int, cpu: int) -> None:
     for pid in (root, *descendants(root)):
         with contextlib.suppress(OSError):
             os.sched_setaffinity(pid, {cpu})
+
+
+# A busy process with a working set of its own (a table walked over and over),
+# as a second replica is to the first when the two have one core between them.
+_BUSY = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+table = {i: str(i) for i in range(2_000_000)}
+print("ready", flush=True)
+while True:
+    sum(len(v) for v in table.values())
+"""
+
+
+@contextlib.contextmanager
+def busy_beside(cpu: int) -> Iterator[None]:
+    """A busy process on CPU for the block's time, ready when it starts."""
+    busy = subprocess.Popen(
+        [sys.executable, "-c", _BUSY, str(cpu)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert busy.stdout is not None
+        if busy.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the busy process exited with {busy.wait()}")
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def use_uvloop() -> None:

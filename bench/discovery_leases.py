@@ -18,7 +18,10 @@ reports its latency; then the lease book alone ("no HTTP"); then, unless
 private PostgreSQL (scripts/postgres, a free port, removed afterwards): the
 replicas on the server's CPU, PostgreSQL with the clients on theirs, so
 that one replica and two have the same CPU and the second one's cost per
-pair is its own, not four busy processes' scramble for two cores.
+pair is its own, not four busy processes' scramble for two cores. Last, the
+one replica again with a busy process sharing its core ("pg 1, core
+shared"): what sharing a core costs a replica by itself, which two replicas
+pay here and not on a machine that gives each a core of its own.
 The last lines print the goals' figures as ratios within this run.
 
 The client is a small HTTP/1.1 client on asyncio's protocol layer: httpx
@@ -42,6 +45,7 @@ from bench._lease_load import PhaseResult, first_grant, metric, run_phase, scrap
 from bench._lease_server import (
     ROOT,
     book_only,
+    busy_beside,
     free_port,
     pin_tree,
     serve,
@@ -52,6 +56,7 @@ from bench._lease_server import (
 )
 
 OPEN_LOOP_SHARE = 0.5  # the open-loop phase offers this share of the measured capacity
+SHARED = "pg 1, core shared"
 
 
 async def _run(args: argparse.Namespace, port: int, server_pid: int) -> list[PhaseResult]:
@@ -153,6 +158,25 @@ def _postgres_phases(
                     )
                 )
             )
+        if pinned:
+            # What sharing a core costs alone: the one replica again, its core
+            # shared with a busy process instead of a second replica. Two
+            # cores put both replicas on one; a larger machine gives each its own.
+            with busy_beside(args.server_cpu):
+                results.append(
+                    asyncio.run(
+                        run_phase(
+                            SHARED,
+                            servers_ports[:1],
+                            args.clients,
+                            args.seconds,
+                            args.warmup,
+                            [servers[0].pid],
+                            True,
+                            database_pid=postmaster,
+                        )
+                    )
+                )
     finally:
         os.sched_setaffinity(0, cpus)
         stop_servers(servers)
@@ -294,6 +318,13 @@ def _print_ratios(results: list[PhaseResult]) -> None:
             f"replicas {two.cpu_us_per_pair:.0f} against {one.cpu_us_per_pair:.0f}, "
             f"PostgreSQL {two.database_us_per_pair or 0:.0f} against "
             f"{one.database_us_per_pair or 0:.0f})"
+        )
+    shared = by_name.get(SHARED)
+    if one is not None and two is not None and shared is not None:
+        print(
+            f"PostgreSQL: one replica whose core a busy process shares: {shared.cpu_us_per_pair:.0f} "
+            f"us per pair ({shared.cpu_us_per_pair / one.cpu_us_per_pair:.2f}x alone; two "
+            f"replicas sharing theirs: {two.cpu_us_per_pair / one.cpu_us_per_pair:.2f}x)"
         )
 
 
