@@ -1,5 +1,6 @@
-"""Read ``Pulumi.<stack>.yaml`` directly, for the command-line tools that run
-outside the engine (``hosts check``, ``gc``) and for tests."""
+"""Read ``Pulumi.<stack>.yaml`` and the project's Pulumi.yaml directly, for
+the command-line tools that run outside the engine (``hosts check``, ``gc``,
+the autopilot) and for tests: the files and keys the CLI itself would use."""
 
 from __future__ import annotations
 
@@ -31,9 +32,26 @@ def stack_parts(stack: str) -> tuple[str | None, str]:
 
 
 def stack_file(project_dir: Path, stack: str) -> Path:
-    """The stack's config file, as the CLI names it for plain and qualified
-    stack names alike."""
-    return project_dir / f"Pulumi.{stack_parts(stack)[1]}.yaml"
+    """The stack's config file where the CLI keeps it: ``Pulumi.<name>.yaml``
+    by the short name, in the project directory or in the directory its
+    Pulumi.yaml names as ``stackConfigDir`` (relative to the project)."""
+    where = (_project_file(project_dir) or {}).get("stackConfigDir")
+    directory = project_dir / where if isinstance(where, str) and where else project_dir
+    return directory / f"Pulumi.{stack_parts(stack)[1]}.yaml"
+
+
+def _project_file(project_dir: Path) -> dict[str, Any] | None:
+    """The project's Pulumi.yaml, None when there is none: the one reader of
+    the keys taken from it here (``name``, ``backend.url``,
+    ``stackConfigDir``)."""
+    path = project_dir / "Pulumi.yaml"
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return None
+    except yaml.YAMLError as error:
+        raise ConfigError([ConfigIssue(str(path), f"not valid YAML: {error}")]) from None
+    return document if isinstance(document, dict) else {}
 
 
 def read_raw(path: Path) -> dict[str, Any]:
@@ -62,11 +80,7 @@ def load_stack(project_dir: Path, stack: str) -> StackConfig:
 def project_backend_url(project_dir: Path) -> str | None:
     """``backend.url`` of the project's Pulumi.yaml, if it names one (the CLI
     takes it when ``PULUMI_BACKEND_URL`` is not set)."""
-    try:
-        document = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
-    except FileNotFoundError:
-        return None
-    backend = document.get("backend") if isinstance(document, dict) else None
+    backend = (_project_file(project_dir) or {}).get("backend")
     url = backend.get("url") if isinstance(backend, dict) else None
     return url if isinstance(url, str) and url else None
 
@@ -89,11 +103,10 @@ def backend_dir(project_dir: Path, env: Mapping[str, str] | None = None) -> Path
 def project_name(project_dir: Path) -> str:
     """The project's name from its Pulumi.yaml (proxy ids derive from it);
     the project's own name where there is none."""
-    try:
-        document = yaml.safe_load((project_dir / "Pulumi.yaml").read_text())
-    except FileNotFoundError:
+    document = _project_file(project_dir)
+    if document is None:
         return NAMESPACE
-    name = document.get("name") if isinstance(document, dict) else None
+    name = document.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError([ConfigIssue(str(project_dir / "Pulumi.yaml"), "has no project name")])
     return name

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.autopilot_cli import autopilot_argv
 from tests.support.pulumi_cli import CliStack
@@ -73,6 +74,26 @@ def test_a_backend_named_only_in_pulumi_yaml_is_the_one_it_keeps_its_files_in(
     assert (line["event"], line["result"]) == ("round", "no-policy")
     assert "autopilot/egress-proxies/real.lock" in _backend(stack)
     assert not (stack.directory / ".autopilot").exists()
+
+
+def test_a_stack_file_in_the_project_s_stack_config_dir_is_the_one_it_reads(
+    stack: CliStack,
+) -> None:
+    """Pulumi.yaml's `stackConfigDir` moves every stack's file, for the CLI and
+    so for the autopilot: a policy there is the stack's (here, a bad one,
+    named by its path as the stack's config validation names it)."""
+    project = stack.directory / "Pulumi.yaml"
+    project.write_text(project.read_text() + "stackConfigDir: conf\n")
+    (stack.directory / "conf").mkdir()
+    moved = stack.directory / "conf" / stack.stack_file.name
+    stack.stack_file.rename(moved)
+    document = yaml.safe_load(moved.read_text()) or {}  # its salt kept
+    document["config"] = {"egress-proxies:autopilot": {"maxChangesPerRound": 0}}
+    moved.write_text(yaml.safe_dump(document))
+    assert "maxChangesPerRound" in stack.ok("config").stdout  # the CLI reads it there
+    done = _autopilot(stack, "--stack", "real", *ONCE)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "autopilot.maxChangesPerRound" in done.stderr, done.stderr
 
 
 def test_a_status_address_already_taken_is_named(stack: CliStack) -> None:
