@@ -28,11 +28,11 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from proxyinfra.autopilot.feed import HttpSignals, SignalsError
-from proxyinfra.autopilot.log import DecisionLog
+from proxyinfra.autopilot.log import DecisionLog, LogFile, Sink
 from proxyinfra.autopilot.memory import MemoryFiles, StateFileError, default_path
 from proxyinfra.autopilot.room import BackendRoom
 from proxyinfra.autopilot.run import FAILED, Autopilot, Options
@@ -177,22 +177,21 @@ def _main(args: argparse.Namespace) -> int:
     # Imported here: the Automation API is needed only to run, not to pause.
     from proxyinfra.autopilot.automation import AutomationStack
 
-    with output as out:
-        log = DecisionLog(args.stack, clock.now, out)
-        try:  # before the lock: a stack that cannot be opened leaves nothing
-            stack = AutomationStack(args.project_dir.resolve(), args.stack)
-        except StackUnavailable as error:
-            log.write("round", result="error", error=str(error))
-            print(f"autopilot: {error}", file=sys.stderr)
+    log = DecisionLog(args.stack, clock.now, output)
+    try:  # before the lock: a stack that cannot be opened leaves nothing
+        stack = AutomationStack(args.project_dir.resolve(), args.stack)
+    except StackUnavailable as error:
+        log.write("round", result="error", error=str(error))
+        print(f"autopilot: {error}", file=sys.stderr)
+        return 1
+    with _one_per_stack(files) as taken:
+        if not taken:
+            print(
+                f"autopilot: another autopilot runs on stack {args.stack} ({files.path})",
+                file=sys.stderr,
+            )
             return 1
-        with _one_per_stack(files) as taken:
-            if not taken:
-                print(
-                    f"autopilot: another autopilot runs on stack {args.stack} ({files.path})",
-                    file=sys.stderr,
-                )
-                return 1
-            return _run(args, stack, files, clock, log)
+        return _run(args, stack, files, clock, log)
 
 
 def _run(
@@ -260,13 +259,10 @@ def _address(text: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _output(path: Path | None) -> contextlib.AbstractContextManager[TextIO]:
-    """Where the decision log goes, opened now: a path that cannot be
+def _output(path: Path | None) -> Sink:
+    """Where the decision log goes, checked now: a path that cannot be
     written is named before anything else runs."""
-    if path is None:
-        return contextlib.nullcontext(sys.stdout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("a", encoding="utf-8")
+    return sys.stdout if path is None else LogFile(path)
 
 
 @contextlib.contextmanager

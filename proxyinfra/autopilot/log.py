@@ -16,13 +16,43 @@ import json
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, Protocol
 
 from proxyinfra.autopilot.changes import one_line
 
 
+class Sink(Protocol):
+    """Where the lines go: stdout, a test's buffer, or a ``LogFile``."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class LogFile:
+    """``--log FILE``: each line appended by opening the file for it. A log
+    rotated away (logrotate's ``create``: the file renamed, a new one made)
+    gets the next line in the new file, with no signal to reopen; one write
+    in append mode puts a whole line at the end. Lines come a few a round,
+    so an open per line costs nothing that shows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass  # writable now, or the command says so before anything runs
+
+    def write(self, text: str, /) -> int:
+        with self.path.open("a", encoding="utf-8") as out:
+            return out.write(text)
+
+    def flush(self) -> None:
+        pass  # each write closed its file
+
+
 class DecisionLog:
-    def __init__(self, stack: str, now: Callable[[], datetime], out: TextIO | None = None) -> None:
+    def __init__(self, stack: str, now: Callable[[], datetime], out: Sink | None = None) -> None:
         self.stack = stack
         self._now = now
         self._out = out if out is not None else sys.stdout
