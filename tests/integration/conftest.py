@@ -1,5 +1,6 @@
 """Fixtures of several integration modules: an echo server to CONNECT to
-through a real squid, and a GCE metadata server on loopback."""
+through a real squid, a GCE metadata server on loopback, and a loopback
+address that refuses connections."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.deadsites import refused_port
 from tests.support.gce_metadata import MetadataServer
 from tests.support.squid import EchoServer
 
@@ -16,6 +18,14 @@ def echo() -> Iterator[EchoServer]:
     server = EchoServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def refused() -> Iterator[str]:
+    """127.0.0.1:PORT where nothing listens for the test's time (held: no
+    server the suite starts meanwhile can take it)."""
+    with refused_port() as port:
+        yield f"127.0.0.1:{port}"
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from tests.support.crawlsite import (
     crawl_service,
     start_proxies,
 )
-from tests.support.deadsites import SilentSite, TlsSite, UnreachableSite, closed_port
+from tests.support.deadsites import SilentSite, TlsSite, UnreachableSite, refused_port
 from tests.support.discovery import ROOT, proxies
 from tests.support.gateway_site import make_ca
 
@@ -64,12 +64,11 @@ def failing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Fail
         cut = stack.enter_context(TlsSite(None))
         silent = stack.enter_context(SilentSite())
         unreachable = stack.enter_context(UnreachableSite())
+        closed = stack.enter_context(refused_port())
         yield {
             "untrusted certificate": Failing(untrusted.url, httpx.ConnectError),
             "TLS cut off": Failing(cut.url, httpx.ConnectError),
-            "CONNECT to a closed port": Failing(
-                f"https://127.0.0.1:{closed_port()}/", httpx.ProxyError
-            ),
+            "CONNECT to a closed port": Failing(f"https://127.0.0.1:{closed}/", httpx.ProxyError),
             "no answer": Failing(silent.url, httpx.ReadTimeout),
             "CONNECT never answered": Failing(
                 f"https://{unreachable.authority}/", httpx.ReadTimeout

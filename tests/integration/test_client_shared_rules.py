@@ -44,7 +44,7 @@ from tests.support.crawler_pool import (
     pool,
     service,
 )
-from tests.support.discovery import ServerThread, free_port
+from tests.support.discovery import ServerThread
 
 # -- one grant loop: alease() and the pool ---------------------------------------------------------
 
@@ -82,9 +82,9 @@ def test_a_refusal_that_waiting_cannot_change_is_raised_at_once(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("kind", KEEPERS)
-def test_an_unreachable_service_is_waited_for_then_named(kind: str) -> None:
+def test_an_unreachable_service_is_waited_for_then_named(kind: str, refused: str) -> None:
     sleeps = Sleeps()
-    unreachable = f"http://127.0.0.1:{free_port()}"
+    unreachable = f"http://{refused}"
     with pytest.raises(NoProxyAvailable, match="unreachable"):
         asyncio.run(first_lease(kind, unreachable, sleeps, http=None, token=""))
     # Asked again after a pause, never sleeping past `wait` (the attempts

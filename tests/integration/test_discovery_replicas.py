@@ -403,7 +403,7 @@ def proxies_of_replica(replica: ServiceProcess) -> dict[str, dict[str, Any]]:
         return proxies(client)
 
 
-def test_bad_db_values_are_refused_and_create_nothing(tmp_path: Path) -> None:
+def test_bad_db_values_are_refused_and_create_nothing(tmp_path: Path, refused: str) -> None:
     fleet = tmp_path / "fleet.json"
     write(fleet, [9])
     base = [sys.executable, "-m", "discovery", "serve", "--fleet", str(fleet)]
@@ -412,7 +412,7 @@ def test_bad_db_values_are_refused_and_create_nothing(tmp_path: Path) -> None:
         ("mysql://u@127.0.0.1/x", 2, "'mysql' is not a supported database"),
         ("postgresql:127.0.0.1/x", 2, "is not a valid URL"),
         (str(fleet / "x.db"), 2, "is a file, not a directory"),
-        (f"postgresql://nobody:s3cret-pw@127.0.0.1:{free_port()}/x", 1, "cannot"),
+        (f"postgresql://nobody:s3cret-pw@{refused}/x", 1, "cannot"),
     ):
         done = subprocess.run(
             [*base, "--db", db],

@@ -239,13 +239,13 @@ def test_stack_mode_runs_pulumi_and_sighup_reloads(tmp_path: Path, target: EchoS
 
 
 def test_probe_targets_tried_in_turn_and_a_closed_one_judged_down(
-    tmp_path: Path, target: EchoServer, squid: RunningSquid
+    tmp_path: Path, target: EchoServer, squid: RunningSquid, refused: str
 ) -> None:
     """The service wired to several targets: a port nothing listens on first
     (squid answers 503 there), the echo server second. Every proxy is healthy
     through the second; the first is judged down, said once in the log and
     in its gauge."""
-    closed = f"127.0.0.1:{free_port()}"
+    closed = refused
     names = {f"p{i}" for i in range(6)}
     write_fleet(tmp_path / "fleet.json", [entry(n, squid.port) for n in sorted(names)])
     args = ["--fleet", str(tmp_path / "fleet.json"), "--db", str(tmp_path / "leases.db")]

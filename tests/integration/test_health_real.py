@@ -27,7 +27,7 @@ from health.engine import HealthEngine
 from health.model import Health, Outcome, ProxyEndpoint
 from health.probe import ProbeResult, probe
 from tests.support.responders import FakeProxy, Target
-from tests.support.squid import RunningSquid, free_port, loopback_settings, start_squid
+from tests.support.squid import RunningSquid, loopback_settings, start_squid
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,8 @@ def test_client_outside_the_acl_is_denied() -> None:
     assert result.error is not None and "ERR_ACCESS_DENIED" in result.error
 
 
-def test_target_down_is_an_upstream_failure(auth_squid: RunningSquid) -> None:
-    result = run(probe(endpoint(auth_squid), f"127.0.0.1:{free_port()}"))
+def test_target_down_is_an_upstream_failure(auth_squid: RunningSquid, refused: str) -> None:
+    result = run(probe(endpoint(auth_squid), refused))
     assert result.outcome is Outcome.UPSTREAM, result
     assert result.status == 503
     assert result.error is not None and "ERR_CONNECT_FAIL" in result.error
@@ -288,8 +288,8 @@ def test_proxy_dropping_the_connection_is_a_reset(behaviour: Any) -> None:
     assert result.connect_ms is not None and result.answer_ms is None
 
 
-def test_nothing_listening_is_refused() -> None:
-    result = run(probe(_local(free_port()), "example.com:443", timeout=2.0))
+def test_nothing_listening_is_refused(refused: str) -> None:
+    result = run(probe(_local(int(refused.rsplit(":", 1)[1])), "example.com:443", timeout=2.0))
     assert result.outcome is Outcome.REFUSED, result
     assert result.connect_ms is None
 
@@ -453,7 +453,9 @@ async def _probed(fake: FakeProxy, counts: dict[int, int], within: float = 30.0)
         await asyncio.sleep(0.002)
 
 
-def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_fleet() -> None:
+def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_fleet(
+    refused: str,
+) -> None:
     """Eight proxies of the fleet (names) on one real squid. With a closed
     port first and a listening target second, every probe falls back and
     the fleet is healthy. Then the only target stops listening: squid answers
@@ -463,7 +465,7 @@ def test_engine_through_real_squid_falls_back_and_tells_a_target_down_from_the_f
 
     async def body(squid: RunningSquid) -> None:
         fleet = [ProxyEndpoint(n, "127.0.0.1", squid.port, "crawler", PASSWORD) for n in names]
-        closed = f"127.0.0.1:{free_port()}"
+        closed = refused
         async with Target() as target:
             listening = f"127.0.0.1:{target.port}"
             eng = HealthEngine(target=(closed, listening), interval=interval, timeout=1.0)

@@ -326,13 +326,13 @@ def test_a_fleet_of_ten_thousand_comes_one_page_per_refresh(
 
 
 def test_a_probe_target_down_is_said_on_the_page(
-    tmp_path: Path, target: EchoServer, squid: RunningSquid, browser: Browser
+    tmp_path: Path, target: EchoServer, squid: RunningSquid, browser: Browser, refused: str
 ) -> None:
     """Six proxies, a port nothing listens on as the first probe target and
     the echo server second: the proxies are healthy through the second, and
     the page says the first looks down (docs/discovery.md, "A probe target
     down"); with nothing down, it says nothing."""
-    closed = f"127.0.0.1:{free_port()}"
+    closed = refused
     six = [entry(f"p{i}", squid.port) for i in range(6)]
     for place in ("both", "alone", "quiet"):
         (tmp_path / place).mkdir()

@@ -10,7 +10,8 @@ not count against the proxy in between.
 - TlsSite(context) speaks TLS with `context` (a certificate no client
   trusts) and closes after the handshake; TlsSite(None) resets every
   connection at the client's first bytes, its TLS handshake cut off.
-- closed_port(): a port nothing listens on (squid's CONNECT is refused).
+- refused_port(): a port that refuses connections while it is held
+  (squid's CONNECT to it is refused).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import ssl
 import struct
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
@@ -121,9 +123,13 @@ class UnreachableSite:
         self._server.close()
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed: not reused at once)."""
-    with socket.socket() as sock:
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the block's time: bound
+    and never listening, so no other process can take it meanwhile. A port
+    only found free and let go can be bound by the next server the suite
+    starts (a CI run lost a "closed" probe target that way: the proxies were
+    healthy through it)."""
+    with socket.socket() as sock:  # no SO_REUSEADDR: a server's bind here fails
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+        yield sock.getsockname()[1]
