@@ -4,7 +4,9 @@ the autopilot) and for tests: the files and keys the CLI itself would use."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,27 @@ from proxyinfra.config import StackConfig
 from proxyinfra.validation import ConfigError, ConfigIssue, validate
 
 NAMESPACE = "egress-proxies"
+
+
+# Pulumi's stack names, plain or qualified (org/project/stack). No '.' or
+# '..' part: a name also makes paths (the stack file, the autopilot's state).
+_STACK_NAME = re.compile(r"(?:[A-Za-z0-9_.-]{1,100}/){0,2}[A-Za-z0-9_.-]{1,100}")
+
+
+def stack_name_error(stack: str) -> str | None:
+    """Why STACK cannot name a stack; None when it can."""
+    if _STACK_NAME.fullmatch(stack) and not {".", ".."} & set(stack.split("/")):
+        return None
+    return "not a stack name (letters, digits, '-', '_' and '.'; org/project/stack when qualified)"
+
+
+def stack_argument(value: str) -> str:
+    """``--stack`` of the operator commands (an argparse ``type``): a bad
+    name is refused before anything is read, exit 2."""
+    why = stack_name_error(value)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {why}")
+    return value
 
 
 def stack_parts(stack: str) -> tuple[str | None, str]:

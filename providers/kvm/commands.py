@@ -13,7 +13,13 @@ from providers.kvm.access import HostAccess
 from providers.kvm.config import KvmHost, KvmProviderEntry
 from providers.kvm.connection import HostConnection, connect
 from proxyinfra.config import StackConfig
-from proxyinfra.stackfile import load_stack, project_name, stack_file, stack_parts
+from proxyinfra.stackfile import (
+    load_stack,
+    project_name,
+    stack_argument,
+    stack_file,
+    stack_parts,
+)
 
 
 def _kvm_hosts(config: StackConfig) -> Iterator[tuple[KvmHost, HostAccess, HostConnection]]:
@@ -99,12 +105,14 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     hosts = commands.add_parser("hosts", help="libvirt hosts")
     hosts_commands = hosts.add_subparsers(dest="hosts_command", required=True)
     check = hosts_commands.add_parser("check", help="check every libvirt host of a stack")
-    check.add_argument("--stack", default="dev", help="stack name (default: dev)")
+    check.add_argument(
+        "--stack", default="dev", type=stack_argument, help="stack name (default: dev)"
+    )
     check.set_defaults(run=_hosts_check)
     gc = commands.add_parser(
         "gc", help="list (and remove) objects on the hosts the stack's state does not own"
     )
-    gc.add_argument("--stack", default="dev", help="stack name (default: dev)")
+    gc.add_argument("--stack", default="dev", type=stack_argument, help="stack name (default: dev)")
     gc.add_argument(
         "--min-age",
         default="1h",

@@ -21,7 +21,6 @@ import fcntl
 import getpass
 import math
 import os
-import re
 import signal
 import socket
 import sys
@@ -39,7 +38,7 @@ from proxyinfra.autopilot.run import FAILED, Autopilot, Options
 from proxyinfra.autopilot.seam import Stack, StackUnavailable, SystemClock
 from proxyinfra.autopilot.statefile import stack_names
 from proxyinfra.autopilot.status import Status, serve
-from proxyinfra.stackfile import backend_dir, project_name, stack_parts
+from proxyinfra.stackfile import backend_dir, project_name, stack_name_error, stack_parts
 
 TOKEN_ENV = "DISCOVERY_TOKEN"
 
@@ -79,19 +78,12 @@ def _files(args: argparse.Namespace) -> MemoryFiles:
     return MemoryFiles(path)
 
 
-# Pulumi's stack names, plain or qualified (org/project/stack). No '.' or
-# '..' part: the name also names the round state file's path.
-_STACK = re.compile(r"(?:[A-Za-z0-9_.-]{1,100}/){0,2}[A-Za-z0-9_.-]{1,100}")
-
-
 def _bad_argument(args: argparse.Namespace) -> str | None:
     """The first argument that cannot work, named with its value; checked
     before anything is read or written."""
-    if not _STACK.fullmatch(args.stack) or {".", ".."} & set(args.stack.split("/")):
-        return (
-            f"--stack {args.stack!r}: not a stack name (letters, digits, '-', '_' and '.'; "
-            "org/project/stack when qualified)"
-        )
+    bad_name = stack_name_error(args.stack)
+    if bad_name is not None:
+        return f"--stack {args.stack!r}: {bad_name}"
     if args.action != "run":
         return None
     if args.discovery is None:

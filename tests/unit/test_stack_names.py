@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from proxyinfra.cli import main
 from proxyinfra.stackfile import load_stack, project_name, stack_file, stack_parts
 from proxyinfra.validation import ConfigError
 
@@ -47,3 +48,15 @@ def test_a_pulumi_yaml_that_is_no_yaml_is_named(tmp_path: Path) -> None:
         project_name(tmp_path)
     [issue] = raised.value.issues
     assert issue.path == str(tmp_path / "Pulumi.yaml") and "not valid YAML" in issue.message
+
+
+@pytest.mark.parametrize("command", [["gc"], ["hosts", "check"]])
+@pytest.mark.parametrize("name", ["../x", "a/b/c/d", ""])
+def test_the_operator_commands_refuse_what_is_no_stack_name(
+    command: list[str], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before anything is read: the name makes the stack file's path."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--project-dir", str(tmp_path), *command, "--stack", name])
+    assert exited.value.code == 2
+    assert f"argument --stack: {name!r}: not a stack name" in capsys.readouterr().err
