@@ -44,6 +44,9 @@ class LogFile:
             pass  # writable now, or the command says so before anything runs
 
     def write(self, text: str, /) -> int:
+        # Its directory made again if it went (a cleanup of old logs): a line
+        # that cannot be written would fail the round that writes it.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as out:
             return out.write(text)
 

@@ -34,3 +34,12 @@ def test_lines_are_appended_to_what_the_file_held(tmp_path: Path) -> None:
     path.write_text('{"event": "earlier"}\n')
     DecisionLog("prod", lambda: NOW, LogFile(path)).write("round", result="paused")
     assert [line["event"] for line in _lines(path)] == ["earlier", "round"]
+
+
+def test_a_log_directory_removed_is_made_again(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "autopilot.log"
+    log = DecisionLog("prod", lambda: NOW, LogFile(path))
+    path.unlink()
+    path.parent.rmdir()  # a cleanup of old logs took the directory
+    log.write("round", result="planned")
+    assert [line["result"] for line in _lines(path)] == ["planned"]
