@@ -108,6 +108,19 @@ def test_up_keeps_a_failing_pulumi_exit_status_and_stops_the_image_server(
     image_server_gone()
 
 
+@pytest.mark.parametrize("name", ["../dev", "organization/egress-proxies/dev", ".."])
+def test_up_refuses_what_is_no_stack_name_before_anything(name: str) -> None:
+    """The name makes paths (the stack's config copy under .pulumi-state/,
+    the service's database): refused first, nothing installed or made."""
+    before = sorted(p.name for p in (ROOT / ".pulumi-state").glob("**/*"))
+    done = run_up(name, "preview")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"up: error: '{name}' is not a stack name (letters, digits, '-', '_' and '.')\n"
+    )
+    assert sorted(p.name for p in (ROOT / ".pulumi-state").glob("**/*")) == before
+
+
 # What a run elsewhere leaves in a stack file: a salt for another passphrase.
 FOREIGN_SALT = (
     "encryptionsalt: v1:aMaEwapgmAM=:v1:vPBbYvhXgSwWnjIY:DeIwAzaOVdBfP8rnv5s2gKXsh7vQPQ==\n"
