@@ -13,6 +13,19 @@ alive() {
   [[ $status == *$'Name:\t'"${2:0:15}"$'\n'* && $status != *$'State:\tZ'* ]]
 }
 
+# until_exec PID NAME: wait (at most 30 s) while PID, just forked to run
+# NAME, is still the shell between its fork and its exec: a look in that
+# moment (as much as seconds on a loaded machine) would take the daemon for
+# dead, before even its log was opened. Returns once it is NAME, or gone.
+until_exec() {
+  local deadline=$((SECONDS + 30)) status
+  while ((SECONDS < deadline)); do
+    status=$(cat "/proc/$1/status" 2>/dev/null) || return 0
+    [[ $status == *$'Name:\t'"${2:0:15}"$'\n'* || $status == *$'State:\tZ'* ]] && return 0
+    sleep 0.05
+  done
+}
+
 # ours NAME: print the PID of the NAME daemon we started, if it still runs.
 ours() {
   local pid

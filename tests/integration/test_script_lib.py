@@ -206,3 +206,29 @@ def test_a_machine_claim_refuses_a_live_owner_and_takes_a_killed_ones_place(
     # Another checkout's claim is not this one's to release.
     kept = claim(tmp_path, f'echo "{other}" >"$1/owner"\nrelease_machine "$1/owner"')
     assert kept.returncode == 0 and owner.read_text() == f"{other}\n"
+
+
+def test_a_daemon_just_forked_is_waited_for_until_it_is_itself(tmp_path: Path) -> None:
+    """Between its fork and its exec a daemon is still the shell: scripts/kube
+    took one for dead in that moment on a loaded machine (its log not even
+    open yet). Here the child execs a second late; `alive` holds at once after
+    `until_exec`, and a child that dies before its exec ends the wait too."""
+    done = claim(
+        tmp_path,
+        """
+        ( sleep 1; exec sleep 30 ) &
+        pid=$!
+        alive "$pid" sleep && echo "alive before the exec"
+        until_exec "$pid" sleep
+        alive "$pid" sleep && echo "alive after"
+        kill "$pid"
+        ( sleep 1; exit 3 ) &
+        start=$SECONDS
+        until_exec $! sleep
+        echo "gone after $((SECONDS - start)) s"
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "alive after", done.stdout  # never alive before its exec
+    assert int(lines[1].split()[2]) < 30  # a dead child is not waited for its 30 s
