@@ -18,7 +18,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,15 +37,10 @@ from discovery.app import create_app
 from discovery.service import Service
 from discovery.settings import Settings
 from health.model import Health, HealthListener, ProxyEndpoint, ProxyHealth
+from tests.support.ports import free_port as free_port  # (imported from here by many tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- manifests -----------------------------------------------------------------------------

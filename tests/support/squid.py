@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from health.probe import connect_request, parse_status
 from proxyinfra.squid import SquidSettings, hash_password, password_file_line, render_squid_conf
+from tests.support.ports import free_port as free_port  # (imported from here by many tests)
 
 SQUID = shutil.which("squid") or "/usr/sbin/squid"
 # Debian's squid, started as root, switches to this (compiled-in) user.
@@ -46,13 +47,6 @@ _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 15.0
 # What `squid -k parse` reports that a clean config must not produce.
 _BAD_LINE = re.compile(r"ERROR|FATAL|WARNING|ALERT|Bungled", re.IGNORECASE)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def loopback_settings(**overrides: Any) -> SquidSettings:
