@@ -127,13 +127,11 @@ def _unknown_stack(args: argparse.Namespace) -> str | None:
     """On a file backend, a stack it does not hold, named with the ones it
     does; None elsewhere (no cheap way to tell: `run` finds out)."""
     project_dir = args.project_dir.resolve()
-    short = stack_parts(args.stack)[1]
-    project = project_name(project_dir)
     root = backend_dir(project_dir)
     if root is None:
         return None
-    names = stack_names(root, project)
-    if names is None or short in names:
+    names = stack_names(root, project_name(project_dir))
+    if names is None or stack_parts(args.stack)[1] in names:
         return None
     return f"--stack {args.stack!r}: no such stack in {root} (its stacks: {', '.join(names) or 'none'})"
 

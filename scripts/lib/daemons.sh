@@ -20,8 +20,9 @@ alive() {
 until_exec() {
   local deadline=$((SECONDS + 30)) status
   while ((SECONDS < deadline)); do
+    alive "$1" "$2" && return 0
     status=$(cat "/proc/$1/status" 2>/dev/null) || return 0
-    [[ $status == *$'Name:\t'"${2:0:15}"$'\n'* || $status == *$'State:\tZ'* ]] && return 0
+    [[ $status != *$'State:\tZ'* ]] || return 0
     sleep 0.05
   done
 }

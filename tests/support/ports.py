@@ -48,12 +48,13 @@ class _Ports:
             for _ in range(len(self._ports)):
                 port = self._ports[self._next % len(self._ports)]
                 self._next += 1
-                if _bindable(port):
+                if bindable(port):
                     return port
         raise RuntimeError(f"no free port left in {self._ports}")
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Nothing holds 127.0.0.1:PORT now (a bind without SO_REUSEADDR works)."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))

@@ -25,12 +25,13 @@ import contextlib
 import os
 import random
 import re
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import bindable
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "postgres"
@@ -48,14 +49,7 @@ _STOPPED = re.compile(r"^stopped: port \d+, data directory (\S+)$")
 def port_is_free(port: int) -> bool:
     """Nothing listens on 127.0.0.1:PORT and no server of this checkout has
     a data directory for it (another session's, stopped for a moment)."""
-    if os.path.lexists(ROOT / ".cache" / "postgres" / str(port)):
-        return False
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return not os.path.lexists(ROOT / ".cache" / "postgres" / str(port)) and bindable(port)
 
 
 def pick_port() -> int:
