@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -36,9 +37,15 @@ def _slice() -> range:
 
 
 class _Ports:
-    def __init__(self) -> None:
+    """PORTS (this worker's slice, found on first use) in turn, passing
+    over those FREE says are held."""
+
+    def __init__(
+        self, ports: range | None = None, free: Callable[[int], bool] | None = None
+    ) -> None:
         self._lock = threading.Lock()
-        self._ports: range | None = None
+        self._ports = ports
+        self._free = free or bindable
         self._next = 0
 
     def take(self) -> int:
@@ -48,7 +55,7 @@ class _Ports:
             for _ in range(len(self._ports)):
                 port = self._ports[self._next % len(self._ports)]
                 self._next += 1
-                if bindable(port):
+                if self._free(port):
                     return port
         raise RuntimeError(f"no free port left in {self._ports}")
 
