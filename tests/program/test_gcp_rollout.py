@@ -5,13 +5,18 @@ replica's instance is registered only once the instance of the replica
 `maxUnavailable` places before it has its address. Under mocks every
 registration is a create that takes a while (the hook below sleeps), so a
 replica that did not wait would start while its predecessor is still being
-made. The engine's side (registration order is what it acts on) is the
-same for kvm, tested through the real CLI in tests/engine/test_cli_rollout.py.
+made; and the creates of a first wave are held until all of the wave have
+begun (a barrier), so replicas that should go together are shown to, on any
+machine's timing. The engine's side (registration order is what it acts on)
+is the same for kvm, tested through the real CLI in
+tests/engine/test_cli_rollout.py.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import time
 from typing import Any
 
@@ -26,24 +31,39 @@ from tests.support.stack_config import gcp_provider, placement, proxy, squid, st
 PROGRAM = "proxyinfra.program:main"
 HOOK = "tests.program.test_gcp_rollout:slow_instances"
 CREATE_S = 0.4
+WAVE_ENV = "TEST_FIRST_WAVE"  # how many instance creates the barrier holds
+WAVE_TIMEOUT_S = 30.0
+_wave: list[threading.Barrier] = []
+_wave_lock = threading.Lock()
+_creates = itertools.count()
 
 
 def slow_instances(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
-    """An instance's create takes CREATE_S; when it began and ended are outputs."""
+    """An instance's create takes CREATE_S, the first wave's only once the
+    whole wave has begun (else the barrier breaks and the create fails);
+    when it began and ended are outputs."""
     started = time.monotonic()
     made = mock_resource(args)
     if args.typ != INSTANCE or made is None:
         return made
+    wave = int(os.environ.get(WAVE_ENV, "1"))
+    with _wave_lock:
+        if not _wave:
+            _wave.append(threading.Barrier(wave))
+        first = next(_creates) < wave
+    if first:
+        _wave[0].wait(WAVE_TIMEOUT_S)
     time.sleep(CREATE_S)
     ident, outputs = made
     return ident, {**outputs, "testStarted": started, "testEnded": time.monotonic()}
 
 
-def run(group: dict[str, Any]) -> ProgramResult:
+def run(group: dict[str, Any], first_wave: int = 1) -> ProgramResult:
     provider = gcp_provider()
     provider["gcp"]["staticIp"] = True  # the address exists before its instance
     config = stack_config([provider], [group], squid(username="crawler"))
-    return run_program(PROGRAM, config, new_resource_hook=HOOK).raise_for_error()
+    env = {WAVE_ENV: str(first_wave)}
+    return run_program(PROGRAM, config, new_resource_hook=HOOK, env=env).raise_for_error()
 
 
 def spans(result: ProgramResult, group: str, replicas: int) -> list[tuple[float, float]]:
@@ -75,8 +95,9 @@ def test_each_instance_waits_for_the_one_max_unavailable_before_it() -> None:
 @pytest.mark.parametrize(("max_unavailable", "together"), [(2, 2), ("100%", 4)])
 def test_max_unavailable_sets_how_many_go_together(max_unavailable: Any, together: int) -> None:
     group = proxy("eu", "gcp-eu", replicas=4, where=where()) | {"maxUnavailable": max_unavailable}
-    made = spans(run(group), "eu", 4)
+    made = spans(run(group, first_wave=together), "eu", 4)
     first_wave_end = min(ended for _, ended in made[:together])
-    # The first wave started side by side; the rest waited for it.
+    # The first wave went side by side (the barrier held each until all had
+    # begun); the rest waited for it.
     assert all(started < first_wave_end for started, _ in made[:together])
     assert all(started >= first_wave_end for started, _ in made[together:])
