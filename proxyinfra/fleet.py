@@ -107,9 +107,8 @@ def build_fleet(
     for replica in chosen:
         after = None
         if partial is None and backends()[replica.provider.type].rolls:
-            waits_for = waits.get(replica.name, "")
-            before = made.get(waits_for)
-            after = gate(before.address if before is not None else None, waits_for)
+            before = made.get(waits.get(replica.name, ""))
+            after = gate(before.address if before is not None else None)
         made[replica.name] = Proxy(replica, deployers[replica.provider.type], config, after=after)
     proxies = list(made.values())
     header = {"version": 1, "project": pulumi.get_project(), "stack": pulumi.get_stack()}
