@@ -74,6 +74,11 @@ def steps(log: Path) -> list[Step]:
     return sorted(found, key=lambda s: s.seq)
 
 
+def seq_of(order: list[Step], name: str, phase: str, op: str | None = None) -> int:
+    """The sequence number of NAME's step event at PHASE (of OP, when given)."""
+    return next(s.seq for s in order if (s.name, s.phase) == (name, phase) and op in (None, s.op))
+
+
 def most_down(log: Path) -> tuple[int, list[str]]:
     """The most domains down at once, and the order in which they came back."""
     down: set[str] = set()
@@ -129,13 +134,10 @@ def rollout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout]:
 def test_a_first_up_creates_the_group_in_turn_too(rollout: Rollout) -> None:
     log = rollout.up("first", ["443"])
     order = steps(log)
-
-    def seq(name: str, phase: str) -> int:
-        return next(s.seq for s in order if s.name == name and s.phase == phase)
-
     # The program cannot tell a new replica from one being replaced.
     for i in range(1, REPLICAS):
-        assert seq(f"home-{i}-overlay", "start") > seq(f"home-{i - 1}-domain", "end")
+        made = seq_of(order, f"home-{i}-overlay", "start")
+        assert made > seq_of(order, f"home-{i - 1}-domain", "end")
     assert len(rollout.stack.output("fleet")["proxies"]) == REPLICAS
 
 
@@ -152,20 +154,16 @@ def test_a_machine_type_change_replaces_one_replica_at_a_time_by_default(
     assert [p["id"] for p in rollout.stack.output("fleet")["proxies"]] == before
 
 
-def seq_of(log: Path, name: str, op: str, phase: str) -> int:
-    """The sequence number of NAME's OP step event at PHASE."""
-    return next(s.seq for s in steps(log) if (s.name, s.op, s.phase) == (name, op, phase))
-
-
 def test_max_unavailable_two_replaces_two_at_a_time(rollout: Rollout) -> None:
     log = rollout.up("two-at-a-time", ["443"], maxUnavailable=2)  # back to 512 MiB
     most, back = most_down(log)
     assert len(back) == REPLICAS
     assert most <= 2, f"{most} replicas of the group were down at once"
     # Each replica waits for the one two places before it to be back.
+    order = steps(log)
     for i in range(2, REPLICAS):
-        down = seq_of(log, f"home-{i}-domain", "delete-replaced", "start")
-        assert down > seq_of(log, f"home-{i - 2}-domain", "create-replacement", "end")
+        down = seq_of(order, f"home-{i}-domain", "start", "delete-replaced")
+        assert down > seq_of(order, f"home-{i - 2}-domain", "end", "create-replacement")
 
 
 def test_a_change_no_replica_survives_takes_down_max_unavailable_of_them(

@@ -33,9 +33,9 @@ HOOK = "tests.program.test_gcp_rollout:slow_instances"
 CREATE_S = 0.4
 WAVE_ENV = "TEST_FIRST_WAVE"  # how many instance creates the barrier holds
 WAVE_TIMEOUT_S = 30.0
-_wave: list[threading.Barrier] = []
-_wave_lock = threading.Lock()
-_creates = itertools.count()
+# Made where the hook runs: the program's process, whose environment run() sets.
+_WAVE = threading.Barrier(int(os.environ.get(WAVE_ENV, "1")))
+_creates = itertools.count()  # next() on it is atomic: the mock calls come from threads
 
 
 def slow_instances(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
@@ -46,13 +46,8 @@ def slow_instances(args: MockResourceArgs) -> tuple[str, dict[str, Any]] | None:
     made = mock_resource(args)
     if args.typ != INSTANCE or made is None:
         return made
-    wave = int(os.environ.get(WAVE_ENV, "1"))
-    with _wave_lock:
-        if not _wave:
-            _wave.append(threading.Barrier(wave))
-        first = next(_creates) < wave
-    if first:
-        _wave[0].wait(WAVE_TIMEOUT_S)
+    if next(_creates) < _WAVE.parties:
+        _WAVE.wait(WAVE_TIMEOUT_S)
     time.sleep(CREATE_S)
     ident, outputs = made
     return ident, {**outputs, "testStarted": started, "testEnded": time.monotonic()}
